@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: the live allocations of a backend by address, with range look-ups. Used by the
+// simulator and the mock to validate every pointer and copy they are given.
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <optional>
+
+namespace devstage::detail {
+
+template <class Info>
+class AddressMap {
+public:
+    struct Entry {
+        std::size_t bytes;
+        Info info;
+    };
+
+    void insert(const void* base, std::size_t bytes, Info info) { map_.emplace(key(base), Entry{bytes, info}); }
+
+    /// The allocation starting exactly at `base`, removed; nullopt when there is none.
+    std::optional<Entry> erase(const void* base) {
+        const auto found = map_.find(key(base));
+        if (found == map_.end()) return std::nullopt;
+        Entry entry = found->second;
+        map_.erase(found);
+        return entry;
+    }
+
+    const Entry* at(const void* base) const {
+        const auto found = map_.find(key(base));
+        return found == map_.end() ? nullptr : &found->second;
+    }
+
+    /// True when [pointer, pointer + bytes) lies inside one allocation.
+    bool contains(const void* pointer, std::size_t bytes) const { return containing(pointer, bytes) != nullptr; }
+
+    /// The allocation holding all of [pointer, pointer + bytes), or null.
+    const Entry* containing(const void* pointer, std::size_t bytes) const {
+        const std::uintptr_t address = key(pointer);
+        auto next = map_.upper_bound(address);
+        if (next == map_.begin()) return nullptr;
+        const auto& [base, entry] = *std::prev(next);
+        const std::uintptr_t offset = address - base;
+        if (offset > entry.bytes || bytes > entry.bytes - offset) return nullptr;
+        return &entry;
+    }
+
+    std::size_t size() const noexcept { return map_.size(); }
+    bool empty() const noexcept { return map_.empty(); }
+    template <class F>
+    void for_each(F&& f) const {
+        for (const auto& [base, entry] : map_) f(reinterpret_cast<void*>(base), entry);
+    }
+    void clear() noexcept { map_.clear(); }
+
+private:
+    static std::uintptr_t key(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
+    std::map<std::uintptr_t, Entry> map_;
+};
+
+}  // namespace devstage::detail

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: alignment and size arithmetic that reports overflow instead of wrapping.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+namespace devstage::detail {
+
+/// `value` rounded up to a multiple of `alignment` (a power of two), or nullopt on overflow.
+constexpr std::optional<std::size_t> align_up(std::size_t value, std::size_t alignment) noexcept {
+    const std::size_t mask = alignment - 1;
+    if (value > std::numeric_limits<std::size_t>::max() - mask) return std::nullopt;
+    return (value + mask) & ~mask;
+}
+
+/// `a + b`, or nullopt on overflow.
+constexpr std::optional<std::size_t> add(std::size_t a, std::size_t b) noexcept {
+    if (a > std::numeric_limits<std::size_t>::max() - b) return std::nullopt;
+    return a + b;
+}
+
+/// `pointer` rounded up to a multiple of `alignment` (a power of two).
+inline void* align_pointer(void* pointer, std::size_t alignment) noexcept {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    const auto aligned = (address + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
+    return static_cast<std::byte*>(pointer) + (aligned - address);
+}
+
+inline bool is_aligned(const void* pointer, std::size_t alignment) noexcept {
+    return (reinterpret_cast<std::uintptr_t>(pointer) & (alignment - 1)) == 0;
+}
+
+/// Extra bytes to allocate so that a block whose base is aligned to `guaranteed` can be
+/// aligned up to `wanted` inside it.
+constexpr std::size_t alignment_slack(std::size_t guaranteed, std::size_t wanted) noexcept {
+    return wanted > guaranteed ? wanted - guaranteed : 0;
+}
+
+}  // namespace devstage::detail

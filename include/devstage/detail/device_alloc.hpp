@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: device allocation shared by the strategies — counted, checked against the
+// backend's promised alignment, and over-allocated when the caller needs more alignment.
+
+#include <cstddef>
+#include <string_view>
+
+#include "devstage/backend.hpp"
+#include "devstage/detail/align.hpp"
+#include "devstage/detail/message.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/status.hpp"
+
+namespace devstage::detail {
+
+struct AlignedAllocation {
+    void* allocation = nullptr;  ///< what device_free gets
+    void* base = nullptr;        ///< `allocation` aligned up to the wanted alignment
+    std::size_t allocated = 0;   ///< bytes asked of the backend
+};
+
+/// Allocates at least `usable` bytes whose start is aligned to `Alignment`.
+/// `what` names the caller in messages. Counts the malloc (and any free) in `stats`.
+template <std::size_t Alignment, Backend B>
+Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::string_view what,
+                                           StagerStats& stats) noexcept {
+    constexpr std::size_t slack = alignment_slack(B::device_alignment, Alignment);
+    const auto total = add(usable, slack);
+    if (!total || *total == 0) {
+        return Status(Errc::invalid_argument,
+                      message(what, ": cannot allocate ", usable, " bytes plus ", slack,
+                              " bytes of alignment slack from backend '", backend.name(), "'"));
+    }
+    Result<void*> pointer = backend.device_malloc(*total);
+    if (!pointer) {
+        const Status& cause = pointer.status();
+        return Status(cause.code() == Errc::out_of_memory ? Errc::out_of_memory : cause.code(),
+                      message(what, " failed: required ", *total, " bytes (", usable, " + ", slack,
+                              " alignment slack) from backend '", backend.name(), "': ", cause.message()));
+    }
+    ++stats.device_mallocs;
+    if (*pointer == nullptr || !is_aligned(*pointer, B::device_alignment)) {
+        ++stats.device_frees;
+        (void)backend.device_free(*pointer);
+        return Status(Errc::backend_failure,
+                      message(what, ": backend '", backend.name(), "' returned ", static_cast<const void*>(*pointer),
+                              " for ", *total, " bytes, not aligned to its device_alignment ",
+                              B::device_alignment));
+    }
+    return AlignedAllocation{*pointer, align_pointer(*pointer, Alignment), *total};
+}
+
+}  // namespace devstage::detail

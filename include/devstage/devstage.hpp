@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Umbrella header: every public devstage facility (backends are included separately).
+
+#include "devstage/backend.hpp"
+#include "devstage/lease.hpp"
+#include "devstage/pinned.hpp"
+#include "devstage/plan.hpp"
+#include "devstage/stager.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/status.hpp"
+#include "devstage/strategy/growth.hpp"
+#include "devstage/strategy/per_tensor.hpp"
+#include "devstage/strategy/retained_bump.hpp"
+#include "devstage/tensor.hpp"

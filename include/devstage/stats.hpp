@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// StagerStats: the counters a Stager keeps (re-exported by stager.hpp). Every backend call a
+/// stager or its strategy makes is counted here.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace devstage {
+
+/// Counters of one Stager since construction. `stager.stats().device_mallocs`
+struct StagerStats {
+    std::uint64_t runs = 0;               ///< successful binds
+    std::uint64_t regrows = 0;            ///< allocations of a retained buffer, the first included
+    std::uint64_t grow_failures = 0;      ///< grows that ended without a buffer big enough
+    std::uint64_t device_mallocs = 0;     ///< successful device_malloc calls
+    std::uint64_t device_frees = 0;       ///< device_free calls (failed ones included)
+    std::uint64_t retained_bytes = 0;     ///< held from the backend now, alignment slack included
+    std::uint64_t high_water_bytes = 0;   ///< largest plan's required bytes
+    std::uint64_t bytes_to_device = 0;
+    std::uint64_t bytes_from_device = 0;
+    std::uint64_t uploads_skipped = 0;    ///< staged Out args (nothing to upload)
+    std::uint64_t copy_backs_skipped = 0; ///< staged In args, and every staged arg of a failed execution
+};
+
+}  // namespace devstage

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// PerTensorMalloc: one device allocation per staged tensor per run, freed when the run ends.
+/// The reference the retained strategies must equal, byte for byte.
+
+#include <cstddef>
+
+#include "devstage/backend.hpp"
+#include "devstage/detail/device_alloc.hpp"
+#include "devstage/lease.hpp"
+#include "devstage/plan.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/status.hpp"
+#include "devstage/tensor.hpp"
+
+namespace devstage {
+
+/// Temporary-buffer strategy without retained memory. `Stager<SimBackend, PerTensorMalloc<>> s(sim);`
+/// Each staged arg gets its own device_malloc (over-allocated and aligned up to `Alignment`
+/// when the backend guarantees less); leases are ReleaseKind::Free with `allocation` set.
+template <std::size_t Alignment = 1024>
+class PerTensorMalloc {
+    static_assert(Alignment > 0 && (Alignment & (Alignment - 1)) == 0, "Alignment must be a power of two");
+
+public:
+    static constexpr std::size_t alignment = Alignment;
+    static constexpr ReleaseKind lease_kind = ReleaseKind::Free;
+
+    template <Backend B>
+    Status prepare(B& /*backend*/, const StagingPlan& /*plan*/, StagerStats& /*stats*/) noexcept {
+        return {};
+    }
+
+    template <Backend B>
+    Result<TensorLease> acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg,
+                                StagerStats& stats) noexcept {
+        Result<detail::AlignedAllocation> allocated =
+            detail::allocate_aligned<Alignment>(backend, tensor.bytes, "per-tensor device allocation", stats);
+        if (!allocated) return allocated.status();
+        return TensorLease{arg.data, allocated->base, tensor.bytes, copies_back(arg.direction), ReleaseKind::Free,
+                           allocated->allocation};
+    }
+
+    template <Backend B>
+    Status release_retained(B& /*backend*/, StagerStats& /*stats*/) noexcept {
+        return {};
+    }
+
+    void abandon(StagerStats& /*stats*/) noexcept {}
+};
+
+}  // namespace devstage

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// TensorArg: one argument of a run, as the caller describes it.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace devstage {
+
+/// Which way a tensor's data flows across a run.
+enum class Direction : std::uint8_t {
+    In,     ///< uploaded before the run, never copied back
+    Out,    ///< not uploaded, copied back after a successful run
+    InOut,  ///< uploaded, and copied back after a successful run
+};
+
+/// Where a tensor's `data` lives.
+enum class Placement : std::uint8_t {
+    Host,    ///< host memory: staged on the device for the run
+    Device,  ///< caller-owned device memory: passed through untouched, never freed by devstage
+};
+
+/// One argument of a run. `TensorArg{logits.data(), logits.size() * 4, Direction::Out}`
+/// Contract: `bytes > 0` requires `data != nullptr`; zero-byte args stage as a null pointer.
+struct TensorArg {
+    void* data;
+    std::size_t bytes;
+    Direction direction = Direction::InOut;
+    Placement placement = Placement::Host;
+};
+
+/// True when the data must be uploaded before the run.
+constexpr bool uploads(Direction direction) noexcept { return direction != Direction::Out; }
+/// True when the data must be copied back after a successful run.
+constexpr bool copies_back(Direction direction) noexcept { return direction != Direction::In; }
+
+}  // namespace devstage

@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: Apache-2.0
+// Compiled with -fno-exceptions: every header must build, and a staged run must work.
+#include <cstdio>
+#include <vector>
+
+#include "devstage/backends/mock.hpp"
+#include "devstage/backends/sim.hpp"
+#include "devstage/devstage.hpp"
+
+int main() {
+    devstage::SimBackend sim;
+    devstage::PinnedHostPool<devstage::SimBackend> pool(sim);
+    devstage::Result<devstage::PinnedBuffer> input = pool.allocate(4096);
+    if (!input) return 1;
+    std::vector<float> output(256, 0.0f);
+    const devstage::TensorArg args[] = {{input->data(), input->size(), devstage::Direction::In},
+                                        {output.data(), output.size() * sizeof(float), devstage::Direction::Out}};
+    devstage::Stager<devstage::SimBackend> stager(sim);
+    devstage::Result<devstage::StagedRun> run = stager.bind(args);
+    if (!run) return 2;
+    if (!stager.finish(std::move(*run))) return 3;
+    std::printf("staged %llu bytes without exceptions\n",
+                static_cast<unsigned long long>(stager.stats().bytes_to_device));
+    return stager.stats().runs == 1 ? 0 : 4;
+}

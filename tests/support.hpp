@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Shared test helpers: backend factories, byte patterns, device read-back.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "devstage/backend.hpp"
+#include "devstage/backends/mock.hpp"
+#include "devstage/backends/sim.hpp"
+
+namespace devstage::test {
+
+/// A MockBackend whose pointers are aligned to exactly its device_alignment (64) and not more.
+class AdversarialMock : public MockBackend {
+public:
+    AdversarialMock() noexcept : MockBackend(MockConfig::adversarial()) {}
+    explicit AdversarialMock(MockConfig config) noexcept : MockBackend(config) {}
+};
+
+/// How tests make a backend with a device capacity. Specialize for other backends.
+template <class B>
+struct BackendFactory {
+    static std::unique_ptr<B> make() { return std::make_unique<B>(); }
+};
+template <>
+struct BackendFactory<SimBackend> {
+    static std::unique_ptr<SimBackend> make(std::size_t capacity = std::size_t{1} << 32) {
+        return std::make_unique<SimBackend>(SimConfig{.device_capacity = capacity});
+    }
+};
+template <>
+struct BackendFactory<MockBackend> {
+    static std::unique_ptr<MockBackend> make(std::size_t capacity = std::size_t{1} << 32) {
+        return std::make_unique<MockBackend>(MockConfig{.device_capacity = capacity});
+    }
+};
+template <>
+struct BackendFactory<AdversarialMock> {
+    static std::unique_ptr<AdversarialMock> make(std::size_t capacity = std::size_t{1} << 32) {
+        MockConfig config = MockConfig::adversarial();
+        config.device_capacity = capacity;
+        return std::make_unique<AdversarialMock>(config);
+    }
+};
+
+/// An ErrorSink that drops what it is told, for tests that provoke reports on purpose.
+inline void quiet_sink(const Status&) noexcept {}
+
+template <class B>
+std::unique_ptr<B> make_backend() {
+    return BackendFactory<B>::make();
+}
+template <class B>
+std::unique_ptr<B> make_backend(std::size_t capacity) {
+    return BackendFactory<B>::make(capacity);
+}
+
+/// Bytes that differ at every position and between seeds.
+inline std::vector<std::byte> pattern(std::size_t bytes, std::uint32_t seed) {
+    std::vector<std::byte> out(bytes);
+    std::uint32_t x = seed * 2654435761u + 1;
+    for (auto& b : out) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        b = static_cast<std::byte>(x);
+    }
+    return out;
+}
+
+template <Backend B>
+std::vector<std::byte> read_device(B& backend, const void* device, std::size_t bytes) {
+    std::vector<std::byte> out(bytes);
+    if (bytes > 0 && !backend.copy_from_device(out.data(), device, bytes)) out.clear();
+    return out;
+}
+
+}  // namespace devstage::test
+
+#include <span>
+
+#include "devstage/tensor.hpp"
+
+namespace devstage::test {
+
+/// Host tensors for one run: owned buffers plus the TensorArg list that points at them.
+struct HostRun {
+    std::vector<std::vector<std::byte>> buffers;
+    std::vector<TensorArg> args;
+
+    void add(std::size_t bytes, Direction direction, std::uint32_t seed) {
+        buffers.push_back(pattern(bytes, seed));
+        args.push_back(TensorArg{nullptr, bytes, direction, Placement::Host});
+        relink();
+    }
+    void add_device(void* device, std::size_t bytes) {
+        buffers.emplace_back();
+        args.push_back(TensorArg{device, bytes, Direction::InOut, Placement::Device});
+    }
+    void relink() {
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            if (args[i].placement == Placement::Host) args[i].data = buffers[i].empty() ? nullptr : buffers[i].data();
+        }
+    }
+};
+
+/// A stand-in kernel run through the backend's own copies: every non-In arg with bytes is
+/// rewritten on the device from the bytes of all args, so results depend on every upload.
+template <Backend B>
+Status fake_kernel(B& backend, std::span<const TensorArg> device_args, std::span<const TensorArg> host_args) {
+    std::uint8_t mix = 0;
+    std::vector<std::byte> bytes;
+    for (std::size_t i = 0; i < device_args.size(); ++i) {
+        if (device_args[i].bytes == 0 || host_args[i].direction == Direction::Out) continue;
+        bytes.resize(device_args[i].bytes);
+        if (Status s = backend.copy_from_device(bytes.data(), device_args[i].data, bytes.size()); !s) return s;
+        for (std::byte b : bytes) mix = static_cast<std::uint8_t>(mix * 31 + static_cast<std::uint8_t>(b));
+    }
+    for (std::size_t i = 0; i < device_args.size(); ++i) {
+        if (device_args[i].bytes == 0 || host_args[i].direction == Direction::In) continue;
+        bytes.resize(device_args[i].bytes);
+        if (Status s = backend.copy_from_device(bytes.data(), device_args[i].data, bytes.size()); !s) return s;
+        for (std::size_t b = 0; b < bytes.size(); ++b) {
+            const auto old = host_args[i].direction == Direction::Out ? std::uint8_t{0} : static_cast<std::uint8_t>(bytes[b]);
+            bytes[b] = static_cast<std::byte>(old ^ static_cast<std::uint8_t>(mix + i + b));
+        }
+        if (Status s = backend.copy_to_device(device_args[i].data, bytes.data(), bytes.size()); !s) return s;
+    }
+    return {};
+}
+
+}  // namespace devstage::test
