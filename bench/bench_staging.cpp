@@ -22,7 +22,8 @@ public:
     static constexpr std::size_t device_alignment = 256;
     std::string_view name() const noexcept { return "null-copy"; }
     Result<void*> device_malloc(std::size_t n) noexcept {
-        void* p = std::aligned_alloc(device_alignment, (n + device_alignment - 1) / device_alignment * device_alignment);
+        void* p =
+            std::aligned_alloc(device_alignment, (n + device_alignment - 1) / device_alignment * device_alignment);
         if (p == nullptr) return Status(Errc::out_of_memory, "null-copy: out of memory");
         return p;
     }
@@ -130,7 +131,8 @@ void BM_decode(benchmark::State& state) {
     }
     const auto& s = stager.stats();
     state.counters["mallocs_per_step"] = static_cast<double>(s.device_mallocs) / static_cast<double>(s.runs);
-    state.counters["MB_per_step"] = static_cast<double>(s.bytes_to_device + s.bytes_from_device) / 1e6 / static_cast<double>(s.runs);
+    state.counters["MB_per_step"] =
+        static_cast<double>(s.bytes_to_device + s.bytes_from_device) / 1e6 / static_cast<double>(s.runs);
     state.counters["bounced_MB"] = static_cast<double>(f.sim.stats().bounced_bytes) / 1e6;
 }
 
@@ -182,6 +184,14 @@ void BM_prefill(benchmark::State& state) {
     state.counters["peak_retained_MB"] = static_cast<double>(peak) / 1e6;
 }
 BENCHMARK(BM_prefill<ExactGrowth>)->Name("prefill/ExactGrowth")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_prefill<GeometricGrowth<3, 2>>)
+    ->Name("prefill/GeometricGrowth<3,2>")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_prefill<GranularGrowth<std::size_t{32} << 20>>)
+    ->Name("prefill/GranularGrowth<32MiB>")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // ---- 4. pinned vs pageable staging; pinned pool with and without the cache -----------------
 template <bool Pinned>
@@ -190,7 +200,8 @@ void BM_staging_memory(benchmark::State& state) {
     PinnedHostPool<SimBackend> pool(sim);
     qwen3::PinnedStorage pinned(pool);
     qwen3::PageableStorage pageable;
-    const qwen3::Inputs inputs = Pinned ? qwen3::generate(pinned, decode_scale) : qwen3::generate(pageable, decode_scale);
+    const qwen3::Inputs inputs =
+        Pinned ? qwen3::generate(pinned, decode_scale) : qwen3::generate(pageable, decode_scale);
     Stager<SimBackend> stager(sim);
     for (auto _ : state) {
         auto run = stager.bind(inputs.args);

@@ -70,7 +70,8 @@ bool run(const Options& options, Storage& storage, devstage::SimBackend& sim, Re
         }
         const devstage::Status executed = execute(sim, staged->device_args(), step);
         if (auto finished = stager.finish(std::move(*staged), executed); !finished || !executed) {
-            std::fprintf(stderr, "step %d failed: %s%s\n", step, executed.message().c_str(), finished.message().c_str());
+            std::fprintf(stderr, "step %d failed: %s%s\n", step, executed.message().c_str(),
+                         finished.message().c_str());
             return false;
         }
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -94,23 +95,30 @@ void print(const char* label, const Report& r, int steps) {
     std::printf("%-16s %9.2f %9.2f %10.1f %10.1f %10.1f %10.1f %12.1f %7llu %10.1f\n", label, r.median_ms, r.first_ms,
                 static_cast<double>(s.device_mallocs - r.after_first.device_mallocs) / later,
                 static_cast<double>(s.device_frees - r.after_first.device_frees) / later,
-                static_cast<double>(s.bytes_to_device) / steps / 1e6, static_cast<double>(s.bytes_from_device) / steps / 1e6,
-                static_cast<double>(r.bounced) / 1e6, static_cast<unsigned long long>(s.regrows),
-                static_cast<double>(s.retained_bytes + 0) / 1e6);
+                static_cast<double>(s.bytes_to_device) / steps / 1e6,
+                static_cast<double>(s.bytes_from_device) / steps / 1e6, static_cast<double>(r.bounced) / 1e6,
+                static_cast<unsigned long long>(s.regrows), static_cast<double>(s.retained_bytes + 0) / 1e6);
 }
 
 bool parse(int argc, char** argv, Options& o) {
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         const bool has_value = i + 1 < argc;
-        if (arg == "--steps" && has_value) o.steps = std::max(2, std::atoi(argv[++i]));
-        else if (arg == "--scale" && has_value) o.scale = std::atof(argv[++i]);
-        else if (arg == "--strategy" && has_value) o.strategy = argv[++i];
-        else if (arg == "--backend" && has_value) o.backend = argv[++i];
-        else if (arg == "--pageable") o.pageable = true;
-        else return false;
+        if (arg == "--steps" && has_value)
+            o.steps = std::max(2, std::atoi(argv[++i]));
+        else if (arg == "--scale" && has_value)
+            o.scale = std::atof(argv[++i]);
+        else if (arg == "--strategy" && has_value)
+            o.strategy = argv[++i];
+        else if (arg == "--backend" && has_value)
+            o.backend = argv[++i];
+        else if (arg == "--pageable")
+            o.pageable = true;
+        else
+            return false;
     }
-    return o.scale > 0 && o.scale <= 1 && (o.strategy == "both" || o.strategy == "retained" || o.strategy == "per-tensor");
+    return o.scale > 0 && o.scale <= 1 &&
+           (o.strategy == "both" || o.strategy == "retained" || o.strategy == "per-tensor");
 }
 
 }  // namespace
@@ -118,8 +126,9 @@ bool parse(int argc, char** argv, Options& o) {
 int main(int argc, char** argv) {
     Options options;
     if (!parse(argc, argv, options)) {
-        std::fprintf(stderr, "usage: decode_loop [--steps N] [--scale 0<S<=1] [--strategy both|retained|per-tensor] "
-                             "[--pageable] [--backend sim]\n");
+        std::fprintf(stderr,
+                     "usage: decode_loop [--steps N] [--scale 0<S<=1] [--strategy both|retained|per-tensor] "
+                     "[--pageable] [--backend sim]\n");
         return 2;
     }
     if (options.backend != "sim") {
@@ -133,14 +142,16 @@ int main(int argc, char** argv) {
     qwen3::PageableStorage pageable;
 
     std::printf("devstage decode loop: Qwen3-14B decode shapes x %.4g, %d steps, inputs in %s memory, backend '%s'\n",
-                options.scale, options.steps, options.pageable ? "pageable" : "pinned", std::string(sim.name()).c_str());
+                options.scale, options.steps, options.pageable ? "pageable" : "pinned",
+                std::string(sim.name()).c_str());
     std::printf("%-16s %9s %9s %10s %10s %10s %10s %12s %7s %10s\n", "strategy", "step ms", "first ms", "mallocs/st",
                 "frees/st", "MB in/st", "MB out/st", "bounced MB", "regrows", "retain MB");
     Report per_tensor, retained;
     bool ok = true;
     const auto go = [&](auto strategy_tag, Report& report) {
         using Strategy = decltype(strategy_tag);
-        return options.pageable ? run<Strategy>(options, pageable, sim, report) : run<Strategy>(options, pinned, sim, report);
+        return options.pageable ? run<Strategy>(options, pageable, sim, report)
+                                : run<Strategy>(options, pinned, sim, report);
     };
     if (options.strategy != "retained") {
         ok = ok && go(devstage::PerTensorMalloc<>{}, per_tensor);

@@ -36,7 +36,17 @@ struct Dims {
     std::size_t kv_blocks() const { return batch * blocks_per_sequence(); }
 };
 
-enum class Fill : std::uint8_t { weights, ones, activations, rope_cos, rope_sin, zeros, block_table, slot_mapping, seq_lens };
+enum class Fill : std::uint8_t {
+    weights,
+    ones,
+    activations,
+    rope_cos,
+    rope_sin,
+    zeros,
+    block_table,
+    slot_mapping,
+    seq_lens
+};
 
 /// One tensor: rows × cols elements. `scaled` rows shrink with the scale factor (layers, KV
 /// blocks, RoPE positions); batch-sized tensors keep their shape.
@@ -134,7 +144,8 @@ inline std::uint16_t to_bf16(float value) {
 }
 
 // Writes one tensor in place. Values are deterministic in (seed, tensor index, element).
-inline void fill(const TensorSpec& spec, std::span<std::byte> out, const Dims& d, std::size_t rows, std::uint32_t seed) {
+inline void fill(const TensorSpec& spec, std::span<std::byte> out, const Dims& d, std::size_t rows,
+                 std::uint32_t seed) {
     const std::size_t elements = rows * spec.cols;
     std::uint64_t state = 0x9E3779B97F4A7C15ull ^ seed;
     const auto next = [&state] {
@@ -152,8 +163,10 @@ inline void fill(const TensorSpec& spec, std::span<std::byte> out, const Dims& d
         case Fill::activations:
             for (std::size_t i = 0; i < elements; ++i) {
                 const std::uint64_t r = next();
-                const float u = static_cast<float>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48)) /
-                                    65536.0f - 2.0f;
+                const float u =
+                    static_cast<float>((r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48)) /
+                        65536.0f -
+                    2.0f;
                 bf16[i] = to_bf16(u * (spec.fill == Fill::weights ? 0.035f : 1.0f));
             }
             break;
@@ -164,9 +177,11 @@ inline void fill(const TensorSpec& spec, std::span<std::byte> out, const Dims& d
         case Fill::rope_sin:
             for (std::size_t p = 0; p < rows; ++p) {
                 for (std::size_t j = 0; j < spec.cols; ++j) {
-                    const double inv_freq = std::pow(1000000.0, -static_cast<double>(2 * (j / 2)) / static_cast<double>(spec.cols));
+                    const double inv_freq =
+                        std::pow(1000000.0, -static_cast<double>(2 * (j / 2)) / static_cast<double>(spec.cols));
                     const double angle = static_cast<double>(p) * inv_freq;
-                    f32[p * spec.cols + j] = static_cast<float>(spec.fill == Fill::rope_cos ? std::cos(angle) : std::sin(angle));
+                    f32[p * spec.cols + j] =
+                        static_cast<float>(spec.fill == Fill::rope_cos ? std::cos(angle) : std::sin(angle));
                 }
             }
             break;
@@ -175,7 +190,8 @@ inline void fill(const TensorSpec& spec, std::span<std::byte> out, const Dims& d
             break;
         case Fill::block_table:
             for (std::size_t b = 0; b < rows; ++b) {
-                for (std::size_t j = 0; j < spec.cols; ++j) i32[b * spec.cols + j] = static_cast<std::int32_t>(b * spec.cols + j);
+                for (std::size_t j = 0; j < spec.cols; ++j)
+                    i32[b * spec.cols + j] = static_cast<std::int32_t>(b * spec.cols + j);
             }
             break;
         case Fill::slot_mapping:

@@ -31,11 +31,13 @@ int demo(const char* label) {
         }
     }
     const auto& s = stager.stats();
-    std::printf("%-16s runs %llu  device mallocs %llu  frees %llu  regrows %llu  retained %llu B  to device %llu B  back %llu B\n",
-                label, static_cast<unsigned long long>(s.runs), static_cast<unsigned long long>(s.device_mallocs),
-                static_cast<unsigned long long>(s.device_frees), static_cast<unsigned long long>(s.regrows),
-                static_cast<unsigned long long>(s.retained_bytes), static_cast<unsigned long long>(s.bytes_to_device),
-                static_cast<unsigned long long>(s.bytes_from_device));
+    std::printf(
+        "%-16s runs %llu  device mallocs %llu  frees %llu  regrows %llu  retained %llu B  to device %llu B  back %llu "
+        "B\n",
+        label, static_cast<unsigned long long>(s.runs), static_cast<unsigned long long>(s.device_mallocs),
+        static_cast<unsigned long long>(s.device_frees), static_cast<unsigned long long>(s.regrows),
+        static_cast<unsigned long long>(s.retained_bytes), static_cast<unsigned long long>(s.bytes_to_device),
+        static_cast<unsigned long long>(s.bytes_from_device));
     return 0;
 }
 }  // namespace

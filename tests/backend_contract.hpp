@@ -43,8 +43,8 @@ TEMPLATE_LIST_TEST_CASE("contract: allocations are aligned, distinct and freed",
 
 TEMPLATE_LIST_TEST_CASE("contract: data round-trips at boundaries", "[contract]", ContractBackends) {
     auto backend = devstage::test::make_backend<TestType>();
-    for (std::size_t bytes : {std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025},
-                              std::size_t{3} << 20}) {
+    for (std::size_t bytes :
+         {std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025}, std::size_t{3} << 20}) {
         CAPTURE(bytes);
         devstage::Result<void*> device = backend->device_malloc(bytes);
         REQUIRE(device.ok());

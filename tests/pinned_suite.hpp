@@ -24,7 +24,8 @@ inline void counting_sink(const devstage::Status& status) noexcept {
 }
 }  // namespace pinned_suite
 
-TEMPLATE_LIST_TEST_CASE("pinned: buffers are RAII and their memory is the backend's pinned memory", "[pinned]", PinnedBackends) {
+TEMPLATE_LIST_TEST_CASE("pinned: buffers are RAII and their memory is the backend's pinned memory", "[pinned]",
+                        PinnedBackends) {
     using namespace devstage;
     using namespace pinned_suite;
     auto backend = test::make_backend<TestType>();
@@ -64,7 +65,8 @@ TEMPLATE_LIST_TEST_CASE("pinned: unknown and double release are unknown_pointer"
     CHECK(pool.allocate(0).status().code() == Errc::invalid_argument);
 }
 
-TEMPLATE_LIST_TEST_CASE("pinned: finalize frees leftovers, reports them, and buffers outlive it", "[pinned]", PinnedBackends) {
+TEMPLATE_LIST_TEST_CASE("pinned: finalize frees leftovers, reports them, and buffers outlive it", "[pinned]",
+                        PinnedBackends) {
     using namespace devstage;
     using namespace pinned_suite;
     auto backend = test::make_backend<TestType>();
@@ -90,7 +92,7 @@ TEMPLATE_LIST_TEST_CASE("pinned: finalize frees leftovers, reports them, and buf
         survivor = std::move(*c);
     }
     CHECK_FALSE(survivor.empty());
-    survivor.reset();  // the pool died and freed it: no double free, no use after free
+    survivor.reset();        // the pool died and freed it: no double free, no use after free
     CHECK(sink_calls == 2);  // the destructor's finalize reported the survivor
 }
 

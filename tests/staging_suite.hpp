@@ -29,7 +29,7 @@ Status run_once(S& stager, B& backend, HostRun& host) {
 
 inline HostRun decode_like(std::uint32_t seed, std::size_t scale = 1) {
     HostRun host;
-    host.add(4096 * scale, Direction::In, seed);        // hidden states
+    host.add(4096 * scale, Direction::In, seed);         // hidden states
     host.add(1000 * scale, Direction::In, seed + 1);     // weights, unaligned size
     host.add(0, Direction::In, seed + 2);                // empty
     host.add(2048 * scale, Direction::InOut, seed + 3);  // kv cache
@@ -133,7 +133,8 @@ TEMPLATE_LIST_TEST_CASE("staging: a second bind on a busy stager fails with busy
     CHECK(third.ok());
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: a run dropped without finish releases without copy-back", "[staging]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: a run dropped without finish releases without copy-back", "[staging]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
     Stager<TestType, PerTensorMalloc<>> stager(*backend);
@@ -171,7 +172,8 @@ TEMPLATE_LIST_TEST_CASE("staging: finish of a dead or foreign run is refused", "
     CHECK_THAT(twice.message(), Catch::Contains("not live"));
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: release and destruction with a live run free everything once", "[staging]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: release and destruction with a live run free everything once", "[staging]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
     HostRun host = decode_like(7);
@@ -190,7 +192,7 @@ TEMPLATE_LIST_TEST_CASE("staging: release and destruction with a live run free e
         REQUIRE(orphan.ok());
     }
     CHECK_FALSE(orphan->live());
-    orphan = Status(Errc::busy, "dropped");  // the inert handle is destroyed harmlessly
+    orphan = Status(Errc::busy, "dropped");   // the inert handle is destroyed harmlessly
     auto probe = backend->device_malloc(64);  // the backend saw matching frees
     REQUIRE(probe.ok());
     REQUIRE(backend->device_free(*probe).ok());
@@ -216,7 +218,8 @@ TEMPLATE_LIST_TEST_CASE("staging: abandon forgets device memory without backend 
     CHECK(stager.stats().regrows == 2);
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: RetainedBump grows, reuses and never shrinks", "[staging][retained]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: RetainedBump grows, reuses and never shrinks", "[staging][retained]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
     Stager<TestType> stager(*backend);
@@ -240,7 +243,8 @@ TEMPLATE_LIST_TEST_CASE("staging: RetainedBump grows, reuses and never shrinks",
     CHECK(stager.stats().runs == 4);
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: a failed grow leaves an empty slot; the next run succeeds", "[staging][retained]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: a failed grow leaves an empty slot; the next run succeeds", "[staging][retained]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>(64 << 10);
     Stager<TestType> stager(*backend);
@@ -260,7 +264,8 @@ TEMPLATE_LIST_TEST_CASE("staging: a failed grow leaves an empty slot; the next r
     CHECK(stager.stats().regrows == 2);
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: PerTensorMalloc allocates and frees once per staged arg", "[staging][per_tensor]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: PerTensorMalloc allocates and frees once per staged arg", "[staging][per_tensor]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
     Stager<TestType, PerTensorMalloc<>> stager(*backend);
@@ -272,7 +277,8 @@ TEMPLATE_LIST_TEST_CASE("staging: PerTensorMalloc allocates and frees once per s
     CHECK(stager.stats().regrows == 0);
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-identical", "[staging][equivalence]", StagingBackends) {
+TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-identical", "[staging][equivalence]",
+                        StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
     Stager<TestType> retained(*backend);
@@ -280,7 +286,10 @@ TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-ident
     const std::uint32_t seed = GENERATE(range(1u, 17u));
     CAPTURE(seed);
     std::uint32_t x = seed;
-    const auto next = [&x] { x = x * 1664525u + 1013904223u; return x >> 8; };
+    const auto next = [&x] {
+        x = x * 1664525u + 1013904223u;
+        return x >> 8;
+    };
     HostRun a;
     const std::size_t count = 1 + next() % 12;
     const std::size_t sizes[] = {0, 1, 63, 1023, 1024, 1025, 4096, 70000};

@@ -125,7 +125,8 @@ Status fake_kernel(B& backend, std::span<const TensorArg> device_args, std::span
         bytes.resize(device_args[i].bytes);
         if (Status s = backend.copy_from_device(bytes.data(), device_args[i].data, bytes.size()); !s) return s;
         for (std::size_t b = 0; b < bytes.size(); ++b) {
-            const auto old = host_args[i].direction == Direction::Out ? std::uint8_t{0} : static_cast<std::uint8_t>(bytes[b]);
+            const auto old =
+                host_args[i].direction == Direction::Out ? std::uint8_t{0} : static_cast<std::uint8_t>(bytes[b]);
             bytes[b] = static_cast<std::byte>(old ^ static_cast<std::uint8_t>(mix + i + b));
         }
         if (Status s = backend.copy_to_device(device_args[i].data, bytes.data(), bytes.size()); !s) return s;

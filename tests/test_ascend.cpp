@@ -30,7 +30,8 @@ struct Shim {
             s.set_capacity = reinterpret_cast<decltype(s.set_capacity)>(::dlsym(handle, "shim_set_capacity"));
             s.fail = reinterpret_cast<decltype(s.fail)>(::dlsym(handle, "shim_fail"));
             s.device_of = reinterpret_cast<decltype(s.device_of)>(::dlsym(handle, "shim_device_of"));
-            s.live_allocations = reinterpret_cast<decltype(s.live_allocations)>(::dlsym(handle, "shim_live_allocations"));
+            s.live_allocations =
+                reinterpret_cast<decltype(s.live_allocations)>(::dlsym(handle, "shim_live_allocations"));
             s.device_refs = reinterpret_cast<decltype(s.device_refs)>(::dlsym(handle, "shim_device_refs"));
             return s;
         }();
@@ -53,9 +54,11 @@ struct devstage::test::BackendFactory<devstage::AscendBackend> {
 using ContractBackends = std::tuple<devstage::AscendBackend>;
 using StagingBackends = std::tuple<devstage::AscendBackend>;
 using PinnedBackends = std::tuple<devstage::AscendBackend>;
+using VmmBackends = std::tuple<devstage::AscendBackend>;
 #include "backend_contract.hpp"
 #include "pinned_suite.hpp"
 #include "staging_suite.hpp"
+#include "vmm_suite.hpp"
 
 using namespace devstage;
 
@@ -149,4 +152,39 @@ TEST_CASE("ascend: a failed device open releases what it took; destruction reset
         CHECK(moved.device_id() == 2);
     }
     CHECK(shim.device_refs(2) == refs);
+}
+
+TEST_CASE("ascend: virtual memory is bound to the backend's device; a library without it says not_supported",
+          "[ascend][vmm]") {
+    const Shim& shim = Shim::get();
+    auto one = AscendBackend::create(1);
+    REQUIRE(one.ok());
+    REQUIRE(one->vmm_granularity() == std::size_t{2} << 20);
+    shim.set_capacity(1, std::size_t{4} << 20);
+    Stager<AscendBackend, RetainedVmm<>> stager(*one, RetainedVmm<>(std::size_t{64} << 20));
+    std::vector<std::byte> host(std::size_t{5} << 20);
+    const TensorArg fits[] = {{host.data(), std::size_t{3} << 20, Direction::In}};
+    auto run = stager.bind(fits);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    const TensorArg over[] = {{host.data(), std::size_t{5} << 20, Direction::In}};
+    auto failed = stager.bind(over);
+    REQUIRE_FALSE(failed.ok());
+    CHECK(failed.status().code() == Errc::out_of_memory);
+    CHECK_THAT(failed.status().message(), Catch::Contains("aclrtMallocPhysical") && Catch::Contains("device 1"));
+    CHECK(stager.strategy().capacity() == std::size_t{4} << 20);  // what was mapped stays
+    REQUIRE(stager.release().ok());
+    shim.set_capacity(1, std::size_t{1} << 34);
+
+    CHECK(one->vmm_reserve(std::size_t{3} << 20).status().code() == Errc::backend_failure);  // not a granule multiple
+
+    const char* without_vmm = std::getenv("DEVSTAGE_ACL_NO_VMM_LIBRARY");
+    REQUIRE(without_vmm != nullptr);
+    auto plain = AscendBackend::create(0, without_vmm);
+    REQUIRE(plain.ok());
+    CHECK(plain->vmm_granularity() == 0);
+    CHECK(plain->vmm_reserve(std::size_t{2} << 20).status().code() == Errc::not_supported);
+    Stager<AscendBackend, RetainedVmm<>> unsupported(*plain);
+    auto refused = unsupported.bind(fits);
+    CHECK(refused.status().code() == Errc::not_supported);
 }

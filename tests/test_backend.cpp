@@ -35,7 +35,9 @@ TEST_CASE("backend: missing any one required operation is rejected", "[backend][
 namespace {
 struct NoAlignment {
     std::string_view name() const noexcept { return "x"; }
-    devstage::Result<void*> device_malloc(std::size_t) noexcept { return devstage::Status(devstage::Errc::out_of_memory, "x"); }
+    devstage::Result<void*> device_malloc(std::size_t) noexcept {
+        return devstage::Status(devstage::Errc::out_of_memory, "x");
+    }
     devstage::Status device_free(void*) noexcept { return {}; }
     devstage::Status copy_to_device(void*, const void*, std::size_t) noexcept { return {}; }
     devstage::Status copy_from_device(void*, const void*, std::size_t) noexcept { return {}; }

@@ -4,6 +4,5 @@
 
 #include "support.hpp"
 
-using ContractBackends =
-    std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
+using ContractBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
 #include "backend_contract.hpp"

@@ -15,7 +15,9 @@ using devstage::MockOp;
 
 namespace {
 std::string last_sink_message;
-void capture_sink(const devstage::Status& status) noexcept { last_sink_message = status.message(); }
+void capture_sink(const devstage::Status& status) noexcept {
+    last_sink_message = status.message();
+}
 }  // namespace
 
 TEST_CASE("mock: journal and counters record every call", "[mock]") {

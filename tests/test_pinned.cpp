@@ -39,4 +39,3 @@ TEST_CASE("pinned: the cache is bounded and DirectPinned does not cache", "[pinn
     CHECK(direct.stats().backend_frees == 1);
     CHECK(mock.journal().back().bytes == 1000);
 }
-

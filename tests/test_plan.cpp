@@ -16,8 +16,8 @@ using devstage::TensorArg;
 
 TEST_CASE("plan: sizes are packed at the alignment", "[plan]") {
     std::array<std::byte, 4096> host{};
-    const std::size_t size = GENERATE(std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025},
-                                      std::size_t{4096});
+    const std::size_t size =
+        GENERATE(std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025}, std::size_t{4096});
     CAPTURE(size);
     const std::size_t aligned = (size + 1023) / 1024 * 1024;
     const TensorArg args[] = {{host.data(), size}, {host.data(), size, Direction::In}};
@@ -35,10 +35,10 @@ TEST_CASE("plan: device and zero-byte args are not staged", "[plan]") {
     std::array<std::byte, 64> host{};
     int device_memory = 0;
     const TensorArg args[] = {
-        {host.data(), 0},                                            // zero bytes
-        {nullptr, 0, Direction::Out},                                // zero bytes, null: fine
-        {&device_memory, 4, Direction::InOut, Placement::Device},    // passes through
-        {host.data(), 10, Direction::Out},                           // staged
+        {host.data(), 0},                                          // zero bytes
+        {nullptr, 0, Direction::Out},                              // zero bytes, null: fine
+        {&device_memory, 4, Direction::InOut, Placement::Device},  // passes through
+        {host.data(), 10, Direction::Out},                         // staged
     };
     auto plan = StagingPlan::build(args, 512);
     REQUIRE(plan.ok());

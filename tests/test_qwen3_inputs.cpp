@@ -23,8 +23,8 @@ TEST_CASE("qwen3: the table has the 19 tensors at the model's dimensions", "[qwe
     }
     CHECK(names.size() == 19);
     CHECK(specs[2].bytes_at(1.0) == std::size_t{40} * 5120 * 5120 * 2);  // q_proj, 40 layers, bf16
-    CHECK(full > (std::size_t{30} << 30));                                  // tens of GB at full size
-    CHECK(specs[0].bytes_at(0.001) == specs[0].bytes_at(1.0));              // batch-shaped: not scaled
+    CHECK(full > (std::size_t{30} << 30));                               // tens of GB at full size
+    CHECK(specs[0].bytes_at(0.001) == specs[0].bytes_at(1.0));           // batch-shaped: not scaled
 }
 
 TEST_CASE("qwen3: pinned and pageable generation give the same bytes", "[qwen3]") {

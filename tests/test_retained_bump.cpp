@@ -27,7 +27,8 @@ TEST_CASE("retained_bump: slices are Alignment-aligned over a 64-aligned backend
     StagerStats stats;
     RetainedBump<> strategy;
     std::vector<std::byte> host(5000);
-    const std::size_t size = GENERATE(std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025}, std::size_t{5000});
+    const std::size_t size =
+        GENERATE(std::size_t{1}, std::size_t{1023}, std::size_t{1024}, std::size_t{1025}, std::size_t{5000});
     const auto args = args_of(host, {size, size, 7});
     auto plan = StagingPlan::build(args, RetainedBump<>::alignment);
     REQUIRE(plan.ok());

@@ -8,8 +8,7 @@
 
 #include "support.hpp"
 
-using StagingBackends =
-    std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
+using StagingBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
 #include "staging_suite.hpp"
 
 using namespace devstage;
@@ -43,8 +42,8 @@ TEST_CASE("stager: 100 decode runs with stable shapes make no device allocation 
     CHECK(mock.misuses() == 0);
 }
 
-TEMPLATE_TEST_CASE("stager: failing the k-th backend call of a run leaks nothing and names the failure", "[stager][faults]",
-                   RetainedBump<>, PerTensorMalloc<>) {
+TEMPLATE_TEST_CASE("stager: failing the k-th backend call of a run leaks nothing and names the failure",
+                   "[stager][faults]", RetainedBump<>, PerTensorMalloc<>) {
     test::HostRun host = decode_like(31);
     // Count the calls a clean run makes, then fail each of them in turn.
     std::uint64_t calls_per_run = 0;
@@ -108,7 +107,8 @@ TEST_CASE("stager: pipeline slots let a second run bind while the first is live"
     // The two live runs never share bytes.
     const auto* base0 = static_cast<const std::byte*>(stager.strategy(0).base());
     const auto* base1 = static_cast<const std::byte*>(stager.strategy(1).base());
-    const bool disjoint = base0 + stager.strategy(0).capacity() <= base1 || base1 + stager.strategy(1).capacity() <= base0;
+    const bool disjoint =
+        base0 + stager.strategy(0).capacity() <= base1 || base1 + stager.strategy(1).capacity() <= base0;
     CHECK(disjoint);
     REQUIRE(stager.finish(std::move(*second)).ok());
     REQUIRE(stager.finish(std::move(*first)).ok());

@@ -13,4 +13,5 @@
 #include "devstage/strategy/growth.hpp"
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
+#include "devstage/strategy/retained_vmm.hpp"
 #include "devstage/tensor.hpp"

@@ -20,10 +20,10 @@ enum class ReleaseKind : std::uint8_t {
 
 /// One staged tensor of a live run. `release(backend, lease)` ends it.
 struct TensorLease {
-    void* host;               ///< the caller's host pointer (null for Placement::Device args)
-    void* device;             ///< where the kernel reads and writes the tensor
+    void* host;    ///< the caller's host pointer (null for Placement::Device args)
+    void* device;  ///< where the kernel reads and writes the tensor
     std::size_t bytes;
-    bool copy_back;           ///< copied to `host` by a finish after a successful execution
+    bool copy_back;  ///< copied to `host` by a finish after a successful execution
     ReleaseKind release_kind;
     void* allocation = nullptr;  ///< what device_free gets for Free leases; differs from
                                  ///< `device` when the allocation was aligned up

@@ -52,9 +52,9 @@ struct PinnedStats {
     std::uint64_t live_bytes = 0;
     std::uint64_t peak_live_bytes = 0;
     std::uint64_t cached_blocks = 0;
-    std::uint64_t cached_bytes = 0;        ///< capacity of blocks held in the cache
+    std::uint64_t cached_bytes = 0;  ///< capacity of blocks held in the cache
     std::uint64_t cache_hits = 0;
-    std::uint64_t cache_misses = 0;        ///< allocations that went to the backend
+    std::uint64_t cache_misses = 0;  ///< allocations that went to the backend
     std::uint64_t backend_allocations = 0;
     std::uint64_t backend_frees = 0;
     std::uint64_t finalized_allocations = 0;  ///< live allocations freed by finalize()
@@ -117,8 +117,10 @@ class PinnedBuffer {
 public:
     PinnedBuffer() noexcept = default;
     PinnedBuffer(PinnedBuffer&& other) noexcept
-        : core_(std::move(other.core_)), data_(std::exchange(other.data_, nullptr)),
-          size_(std::exchange(other.size_, 0)), id_(std::exchange(other.id_, 0)) {}
+        : core_(std::move(other.core_)),
+          data_(std::exchange(other.data_, nullptr)),
+          size_(std::exchange(other.size_, 0)),
+          id_(std::exchange(other.id_, 0)) {}
     PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
         if (this != &other) {
             reset();
@@ -177,8 +179,7 @@ class PinnedHostPool {
     static constexpr bool caching = !std::is_same_v<Cache, DirectPinned>;
 
 public:
-    explicit PinnedHostPool(B& backend, Cache cache = {})
-        : core_(std::make_shared<Core>(backend, std::move(cache))) {}
+    explicit PinnedHostPool(B& backend, Cache cache = {}) : core_(std::make_shared<Core>(backend, std::move(cache))) {}
     PinnedHostPool(const PinnedHostPool&) = delete;
     PinnedHostPool& operator=(const PinnedHostPool&) = delete;
     /// Finalizes: frees every allocation still live and every cached block.
@@ -230,8 +231,9 @@ private:
 
         Result<Grant> allocate(std::size_t bytes) noexcept override {
             if (bytes == 0) {
-                return Status(Errc::invalid_argument,
-                              detail::message("pinned pool allocate: 0 bytes requested on backend '", backend_->name(), "'"));
+                return Status(
+                    Errc::invalid_argument,
+                    detail::message("pinned pool allocate: 0 bytes requested on backend '", backend_->name(), "'"));
             }
             const std::size_t capacity = block_size(bytes);
             {
@@ -257,8 +259,8 @@ private:
             if (!pointer) {
                 const Status& cause = pointer.status();
                 return Status(cause.code(), detail::message("pinned pool allocate: ", capacity, " bytes (", bytes,
-                                                            " asked) from backend '", backend_->name(), "' failed: ",
-                                                            cause.message()));
+                                                            " asked) from backend '", backend_->name(),
+                                                            "' failed: ", cause.message()));
             }
             std::lock_guard lock(mutex_);
             ++stats_.backend_allocations;
@@ -272,10 +274,10 @@ private:
                 std::lock_guard lock(mutex_);
                 const auto found = live_.find(pointer);
                 if (found == live_.end() || (id != 0 && found->second.id != id)) {
-                    return Status(Errc::unknown_pointer,
-                                  detail::message("pinned pool release: ", static_cast<const void*>(pointer),
-                                                  " is not a live allocation of this pool (backend '",
-                                                  backend_->name(), "')"));
+                    return Status(
+                        Errc::unknown_pointer,
+                        detail::message("pinned pool release: ", static_cast<const void*>(pointer),
+                                        " is not a live allocation of this pool (backend '", backend_->name(), "')"));
                 }
                 block = found->second;
                 live_.erase(found);
@@ -318,9 +320,9 @@ private:
                 stats_.finalized_bytes += live_bytes;
             }
             if (live_count > 0) {
-                report(Status(Errc::leaked, detail::message("pinned pool finalize: freed ", live_count,
-                                                            " allocation(s) still live, ", live_bytes,
-                                                            " bytes, on backend '", backend_->name(), "'")));
+                report(Status(Errc::leaked,
+                              detail::message("pinned pool finalize: freed ", live_count, " allocation(s) still live, ",
+                                              live_bytes, " bytes, on backend '", backend_->name(), "'")));
             }
             return free_all(doomed, "finalize");
         }
@@ -371,8 +373,9 @@ private:
         }
 
         Status closed_error(const char* what) const noexcept {
-            return Status(Errc::invalid_argument,
-                          detail::message("pinned pool ", what, ": the pool was destroyed (backend '", backend_->name(), "')"));
+            return Status(
+                Errc::invalid_argument,
+                detail::message("pinned pool ", what, ": the pool was destroyed (backend '", backend_->name(), "')"));
         }
 
         Status free_block(void* pointer, std::size_t capacity) noexcept {
@@ -382,9 +385,9 @@ private:
                 ++stats_.backend_frees;
             }
             if (!status) {
-                return Status(status.code(), detail::message("pinned pool: pinned_free of ", capacity,
-                                                             " bytes failed on backend '", backend_->name(), "': ",
-                                                             status.message()));
+                return Status(status.code(),
+                              detail::message("pinned pool: pinned_free of ", capacity, " bytes failed on backend '",
+                                              backend_->name(), "': ", status.message()));
             }
             return status;
         }

@@ -56,8 +56,8 @@ public:
         std::size_t end = 0;
         for (const auto& [index, arg] : staged) {
             if (arg.data == nullptr) {
-                return fail(detail::message("staging plan: arg ", index, " has a null host pointer with ",
-                                            arg.bytes, " bytes"));
+                return fail(detail::message("staging plan: arg ", index, " has a null host pointer with ", arg.bytes,
+                                            " bytes"));
             }
             const auto aligned = detail::align_up(arg.bytes, alignment);
             const auto next = aligned ? detail::add(end, *aligned) : std::nullopt;

@@ -109,8 +109,7 @@ private:
 template <Backend B, class Strategy = RetainedBump<>>
 class Stager final : private detail::RunOwner {
 public:
-    explicit Stager(B& backend, Strategy strategy = {}, std::size_t pipeline_slots = 1)
-        : backend_(&backend) {
+    explicit Stager(B& backend, Strategy strategy = {}, std::size_t pipeline_slots = 1) : backend_(&backend) {
         slots_.reserve(std::max<std::size_t>(pipeline_slots, 1));
         for (std::size_t i = 1; i < pipeline_slots; ++i) slots_.emplace_back(Strategy(strategy));
         slots_.emplace_back(std::move(strategy));
@@ -176,7 +175,8 @@ public:
             return Status(Errc::invalid_argument,
                           run.owner_ == nullptr
                               ? detail::message("stager finish: the run is not live (finished, moved from, or "
-                                                "dropped by release/abandon) on backend '", backend_->name(), "'")
+                                                "dropped by release/abandon) on backend '",
+                                                backend_->name(), "'")
                               : detail::message("stager finish: the run belongs to another stager (backend '",
                                                 backend_->name(), "')"));
         }
@@ -235,7 +235,8 @@ public:
     const Strategy& strategy(std::size_t slot = 0) const noexcept { return slots_[slot].strategy; }
     std::size_t pipeline_slots() const noexcept { return slots_.size(); }
     std::size_t live_runs() const noexcept {
-        return static_cast<std::size_t>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
+        return static_cast<std::size_t>(
+            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
     }
     B& backend() const noexcept { return *backend_; }
     /// Where failures with no caller to return to (a dropped run, the destructor) are reported.

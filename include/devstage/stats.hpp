@@ -11,17 +11,19 @@ namespace devstage {
 
 /// Counters of one Stager since construction. `stager.stats().device_mallocs`
 struct StagerStats {
-    std::uint64_t runs = 0;               ///< successful binds
-    std::uint64_t regrows = 0;            ///< allocations of a retained buffer, the first included
-    std::uint64_t grow_failures = 0;      ///< grows that ended without a buffer big enough
-    std::uint64_t device_mallocs = 0;     ///< successful device_malloc calls
-    std::uint64_t device_frees = 0;       ///< device_free calls (failed ones included)
-    std::uint64_t retained_bytes = 0;     ///< held from the backend now, alignment slack included
-    std::uint64_t high_water_bytes = 0;   ///< largest plan's required bytes
+    std::uint64_t runs = 0;                  ///< successful binds
+    std::uint64_t regrows = 0;               ///< allocations of a retained buffer, the first included
+    std::uint64_t grow_failures = 0;         ///< grows that ended without a buffer big enough
+    std::uint64_t grows_allocate_first = 0;  ///< regrows that allocated the new buffer before freeing the old
+    std::uint64_t grows_free_first = 0;      ///< regrows that had to free the old buffer first (memory was short)
+    std::uint64_t device_mallocs = 0;        ///< successful device_malloc calls
+    std::uint64_t device_frees = 0;          ///< device_free calls (failed ones included)
+    std::uint64_t retained_bytes = 0;        ///< held from the backend now, alignment slack included
+    std::uint64_t high_water_bytes = 0;      ///< largest plan's required bytes
     std::uint64_t bytes_to_device = 0;
     std::uint64_t bytes_from_device = 0;
-    std::uint64_t uploads_skipped = 0;    ///< staged Out args (nothing to upload)
-    std::uint64_t copy_backs_skipped = 0; ///< staged In args, and every staged arg of a failed execution
+    std::uint64_t uploads_skipped = 0;     ///< staged Out args (nothing to upload)
+    std::uint64_t copy_backs_skipped = 0;  ///< staged In args, and every staged arg of a failed execution
 };
 
 }  // namespace devstage

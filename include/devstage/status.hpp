@@ -30,15 +30,24 @@ enum class Errc : std::uint8_t {
 /// Stable lower-case name of an Errc, for messages and logs.
 constexpr std::string_view to_string(Errc code) noexcept {
     switch (code) {
-        case Errc::ok: return "ok";
-        case Errc::out_of_memory: return "out_of_memory";
-        case Errc::invalid_argument: return "invalid_argument";
-        case Errc::busy: return "busy";
-        case Errc::backend_failure: return "backend_failure";
-        case Errc::unknown_pointer: return "unknown_pointer";
-        case Errc::not_supported: return "not_supported";
-        case Errc::library_not_found: return "library_not_found";
-        case Errc::leaked: return "leaked";
+        case Errc::ok:
+            return "ok";
+        case Errc::out_of_memory:
+            return "out_of_memory";
+        case Errc::invalid_argument:
+            return "invalid_argument";
+        case Errc::busy:
+            return "busy";
+        case Errc::backend_failure:
+            return "backend_failure";
+        case Errc::unknown_pointer:
+            return "unknown_pointer";
+        case Errc::not_supported:
+            return "not_supported";
+        case Errc::library_not_found:
+            return "library_not_found";
+        case Errc::leaked:
+            return "leaked";
     }
     return "unknown";
 }
@@ -108,8 +117,7 @@ using ErrorSink = void (*)(const Status& status) noexcept;
 /// The default ErrorSink: `devstage: <errc>: <message>` on stderr.
 inline void stderr_error_sink(const Status& status) noexcept {
     const std::string_view code = to_string(status.code());
-    std::fprintf(stderr, "devstage: %.*s: %s\n", static_cast<int>(code.size()), code.data(),
-                 status.message().c_str());
+    std::fprintf(stderr, "devstage: %.*s: %s\n", static_cast<int>(code.size()), code.data(), status.message().c_str());
 }
 
 }  // namespace devstage

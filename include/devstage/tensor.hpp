@@ -31,8 +31,12 @@ struct TensorArg {
 };
 
 /// True when the data must be uploaded before the run.
-constexpr bool uploads(Direction direction) noexcept { return direction != Direction::Out; }
+constexpr bool uploads(Direction direction) noexcept {
+    return direction != Direction::Out;
+}
 /// True when the data must be copied back after a successful run.
-constexpr bool copies_back(Direction direction) noexcept { return direction != Direction::In; }
+constexpr bool copies_back(Direction direction) noexcept {
+    return direction != Direction::In;
+}
 
 }  // namespace devstage

@@ -1,3 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // A libascendcl stand-in that lacks every symbol but aclInit: for the missing-symbol test.
-extern "C" int aclInit(const char*) { return 0; }
+extern "C" int aclInit(const char*) {
+    return 0;
+}

@@ -32,6 +32,21 @@ inline constexpr aclError rt_memory_allocation = 207001;
 inline constexpr int mem_malloc_huge_first = 0;
 inline constexpr int memcpy_host_to_device = 1;
 inline constexpr int memcpy_device_to_host = 2;
+inline constexpr aclError rt_feature_not_support = 207000;
+inline constexpr aclError api_not_support = 200001;
+
+using aclrtDrvMemHandle = void*;
+/// aclrtPhysicalMemProp, laid out as in acl_rt.h (32 bytes on x86-64).
+struct PhysicalMemProp {
+    int handle_type = 0;      // ACL_MEM_HANDLE_TYPE_NONE
+    int allocation_type = 0;  // ACL_MEM_ALLOCATION_TYPE_PINNED
+    int mem_attr = 4;         // ACL_HBM_MEM_HUGE
+    std::uint32_t location_id = 0;
+    int location_type = 1;  // ACL_MEM_LOCATION_TYPE_DEVICE
+    std::uint64_t reserve = 0;
+};
+static_assert(sizeof(PhysicalMemProp) == 32);
+inline constexpr int granularity_minimum = 0;
 }  // namespace acl
 
 /// One Ascend device through libascendcl. `auto npu = AscendBackend::create(0); if (!npu) …`
@@ -68,12 +83,18 @@ public:
         if (const acl::aclError e = backend.api_.create_context(&backend.context_, device_id); e != acl::success) {
             return backend.failure("aclrtCreateContext", e, 0);
         }
+        backend.probe_vmm();
         return backend;
     }
 
     AscendBackend(AscendBackend&& other) noexcept
-        : library_(std::move(other.library_)), api_(other.api_), device_(other.device_),
-          context_(std::exchange(other.context_, nullptr)), device_open_(std::exchange(other.device_open_, false)) {}
+        : library_(std::move(other.library_)),
+          api_(other.api_),
+          device_(other.device_),
+          context_(std::exchange(other.context_, nullptr)),
+          device_open_(std::exchange(other.device_open_, false)),
+          vmm_(other.vmm_),
+          granularity_(other.granularity_) {}
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
     AscendBackend& operator=(const AscendBackend&) = delete;
@@ -124,7 +145,94 @@ public:
     }
     Status pinned_free(void* pointer) noexcept { return call("aclrtFreeHost", api_.free_host, 0, pointer); }
 
+    // ---- virtual memory (in-place growth) --------------------------------------------------
+    // aclrtReserveMemAddress / aclrtMallocPhysical / aclrtMapMem and their inverses. When the
+    // loaded ACL lacks them, vmm_granularity() is 0 and every vmm_ call is not_supported.
+    using PhysicalHandle = acl::aclrtDrvMemHandle;
+
+    /// The minimum granularity of physical chunks on this device; 0 when unsupported.
+    std::size_t vmm_granularity() const noexcept { return granularity_; }
+
+    Result<void*> vmm_reserve(std::size_t bytes) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        void* base = nullptr;
+        if (Status s = call("aclrtReserveMemAddress", vmm_.reserve, bytes, &base, bytes, std::size_t{0},
+                            static_cast<void*>(nullptr), std::uint64_t{0});
+            !s) {
+            return s;
+        }
+        return base;
+    }
+    Status vmm_release(void* base) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        return call("aclrtReleaseMemAddress", vmm_.release, 0, base);
+    }
+    Result<PhysicalHandle> vmm_create(std::size_t bytes) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        PhysicalHandle handle = nullptr;
+        const acl::PhysicalMemProp prop = device_prop();
+        if (Status s =
+                call("aclrtMallocPhysical", vmm_.malloc_physical, bytes, &handle, bytes, &prop, std::uint64_t{0});
+            !s) {
+            return s;
+        }
+        return handle;
+    }
+    Status vmm_free(PhysicalHandle handle) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        return call("aclrtFreePhysical", vmm_.free_physical, 0, handle);
+    }
+    Status vmm_map(void* address, std::size_t bytes, PhysicalHandle handle) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        return call("aclrtMapMem", vmm_.map, bytes, address, bytes, std::size_t{0}, handle, std::uint64_t{0});
+    }
+    Status vmm_unmap(void* address, std::size_t /*bytes*/) noexcept {
+        if (Status s = vmm_ready(); !s) return s;
+        return call("aclrtUnmapMem", vmm_.unmap, 0, address);
+    }
+
 private:
+    struct VmmApi {
+        acl::aclError (*reserve)(void**, std::size_t, std::size_t, void*, std::uint64_t) = nullptr;
+        acl::aclError (*release)(void*) = nullptr;
+        acl::aclError (*malloc_physical)(acl::aclrtDrvMemHandle*, std::size_t, const acl::PhysicalMemProp*,
+                                         std::uint64_t) = nullptr;
+        acl::aclError (*free_physical)(acl::aclrtDrvMemHandle) = nullptr;
+        acl::aclError (*map)(void*, std::size_t, std::size_t, acl::aclrtDrvMemHandle, std::uint64_t) = nullptr;
+        acl::aclError (*unmap)(void*) = nullptr;
+        acl::aclError (*granularity)(const acl::PhysicalMemProp*, int, std::size_t*) = nullptr;
+    };
+
+    acl::PhysicalMemProp device_prop() const noexcept {
+        acl::PhysicalMemProp prop;
+        prop.location_id = static_cast<std::uint32_t>(device_);
+        return prop;
+    }
+
+    // Resolves the virtual-memory entry points if the library has them all.
+    void probe_vmm() noexcept {
+        VmmApi vmm;
+        const bool all = library_.resolve("aclrtReserveMemAddress", vmm.reserve).ok() &&
+                         library_.resolve("aclrtReleaseMemAddress", vmm.release).ok() &&
+                         library_.resolve("aclrtMallocPhysical", vmm.malloc_physical).ok() &&
+                         library_.resolve("aclrtFreePhysical", vmm.free_physical).ok() &&
+                         library_.resolve("aclrtMapMem", vmm.map).ok() &&
+                         library_.resolve("aclrtUnmapMem", vmm.unmap).ok() &&
+                         library_.resolve("aclrtMemGetAllocationGranularity", vmm.granularity).ok();
+        if (!all) return;
+        std::size_t granularity = 0;
+        const acl::PhysicalMemProp prop = device_prop();
+        if (!bind().ok() || vmm.granularity(&prop, acl::granularity_minimum, &granularity) != acl::success) return;
+        vmm_ = vmm;
+        granularity_ = granularity;
+    }
+
+    Status vmm_ready() const noexcept {
+        if (granularity_ != 0) return {};
+        return Status(Errc::not_supported, detail::message("ascend: virtual memory is not available in ",
+                                                           library_.path(), " for device ", device_));
+    }
+
     struct Api {
         acl::aclError (*init)(const char*) = nullptr;
         acl::aclError (*set_device)(std::int32_t) = nullptr;
@@ -186,10 +294,11 @@ private:
         const char* recent = api_.recent_error_message != nullptr ? api_.recent_error_message() : nullptr;
         const Errc errc =
             code == acl::rt_memory_allocation || code == acl::bad_alloc ? Errc::out_of_memory : Errc::backend_failure;
-        return Status(errc, detail::message("ascend ", what, " failed", bytes > 0 ? " for " : "",
-                                            bytes > 0 ? detail::message(bytes, " bytes") : std::string(), " on device ",
-                                            device_, ": ACL error ", code, recent != nullptr && *recent != '\0' ? " (" : "",
-                                            recent != nullptr ? recent : "", recent != nullptr && *recent != '\0' ? ")" : ""));
+        return Status(
+            errc, detail::message("ascend ", what, " failed", bytes > 0 ? " for " : "",
+                                  bytes > 0 ? detail::message(bytes, " bytes") : std::string(), " on device ", device_,
+                                  ": ACL error ", code, recent != nullptr && *recent != '\0' ? " (" : "",
+                                  recent != nullptr ? recent : "", recent != nullptr && *recent != '\0' ? ")" : ""));
     }
 
     detail::DynamicLibrary library_;
@@ -197,11 +306,14 @@ private:
     std::int32_t device_ = 0;
     acl::aclrtContext context_ = nullptr;
     bool device_open_ = false;
+    VmmApi vmm_;
+    std::size_t granularity_ = 0;
 };
 
 static_assert(Backend<AscendBackend>);
 static_assert(PinnedHostBackend<AscendBackend>);
 static_assert(MemsetBackend<AscendBackend>);
 static_assert(SynchronizingBackend<AscendBackend>);
+static_assert(VirtualMemoryBackend<AscendBackend>);
 
 }  // namespace devstage

@@ -40,9 +40,9 @@ enum class MockOp : std::uint8_t {
 inline constexpr std::size_t mock_op_count = 8;
 
 constexpr std::string_view to_string(MockOp op) noexcept {
-    constexpr std::array<std::string_view, mock_op_count> names{
-        "device_malloc", "device_free",   "copy_to_device", "copy_from_device",
-        "pinned_malloc", "pinned_free",   "device_memset",  "synchronize"};
+    constexpr std::array<std::string_view, mock_op_count> names{"device_malloc",    "device_free",   "copy_to_device",
+                                                                "copy_from_device", "pinned_malloc", "pinned_free",
+                                                                "device_memset",    "synchronize"};
     return names[static_cast<std::size_t>(op)];
 }
 
@@ -102,9 +102,13 @@ public:
     }
     Status device_memset(void* device_dst, int value, std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
-        if (Status injected = begin(MockOp::device_memset); !injected) return finish(MockOp::device_memset, device_dst, bytes, std::move(injected));
+        if (Status injected = begin(MockOp::device_memset); !injected)
+            return finish(MockOp::device_memset, device_dst, bytes, std::move(injected));
         if (bytes > 0 && !device_.contains(device_dst, bytes)) {
-            return finish(MockOp::device_memset, device_dst, bytes, misuse(Errc::invalid_argument, detail::message("mock device_memset: ", bytes, " bytes at ", static_cast<const void*>(device_dst), " run outside every device allocation")));
+            return finish(MockOp::device_memset, device_dst, bytes,
+                          misuse(Errc::invalid_argument, detail::message("mock device_memset: ", bytes, " bytes at ",
+                                                                         static_cast<const void*>(device_dst),
+                                                                         " run outside every device allocation")));
         }
         if (bytes > 0) std::memset(device_dst, value, bytes);
         return finish(MockOp::device_memset, device_dst, bytes, {});
@@ -227,19 +231,23 @@ private:
         std::lock_guard lock(mutex_);
         if (Status injected = begin(op); !injected) return finish(op, nullptr, bytes, std::move(injected));
         if (bytes == 0) {
-            return finish(op, nullptr, 0, misuse(Errc::invalid_argument, detail::message("mock ", to_string(op), ": 0 bytes requested")));
+            return finish(
+                op, nullptr, 0,
+                misuse(Errc::invalid_argument, detail::message("mock ", to_string(op), ": 0 bytes requested")));
         }
         if (op == MockOp::device_malloc && bytes > config_.device_capacity - device_bytes_) {
             return finish(op, nullptr, bytes,
-                          Status(Errc::out_of_memory, detail::message("mock device_malloc: ", bytes, " bytes requested, ",
-                                                                      device_bytes_, " of ", config_.device_capacity,
-                                                                      " bytes in use")));
+                          Status(Errc::out_of_memory,
+                                 detail::message("mock device_malloc: ", bytes, " bytes requested, ", device_bytes_,
+                                                 " of ", config_.device_capacity, " bytes in use")));
         }
         constexpr std::size_t block_alignment = 4096;
         const std::size_t padded = (bytes + config_.offset + block_alignment) / block_alignment * block_alignment;
         void* block = std::aligned_alloc(block_alignment, padded);
         if (block == nullptr) {
-            return finish(op, nullptr, bytes, Status(Errc::out_of_memory, detail::message("mock ", to_string(op), ": host allocation of ", padded, " bytes failed")));
+            return finish(op, nullptr, bytes,
+                          Status(Errc::out_of_memory, detail::message("mock ", to_string(op), ": host allocation of ",
+                                                                      padded, " bytes failed")));
         }
         std::memset(block, 0xA5, padded);  // stale-looking bytes, never zeros
         void* pointer = static_cast<std::byte*>(block) + config_.offset;
@@ -257,9 +265,9 @@ private:
         if (!entry) {
             const bool twice = freed_.count(pointer) != 0;
             return finish(op, pointer, 0,
-                          misuse(Errc::unknown_pointer,
-                                 detail::message("mock ", to_string(op), ": ", twice ? "double free of " : "unknown pointer ",
-                                                 static_cast<const void*>(pointer))));
+                          misuse(Errc::unknown_pointer, detail::message("mock ", to_string(op), ": ",
+                                                                        twice ? "double free of " : "unknown pointer ",
+                                                                        static_cast<const void*>(pointer))));
         }
         std::free(entry->info);
         freed_.insert(pointer);
@@ -278,7 +286,9 @@ private:
                                                  device, " run outside every device allocation")));
         }
         if (dst == nullptr || src == nullptr) {
-            return finish(op, device, bytes, misuse(Errc::invalid_argument, detail::message("mock ", to_string(op), ": null host pointer")));
+            return finish(
+                op, device, bytes,
+                misuse(Errc::invalid_argument, detail::message("mock ", to_string(op), ": null host pointer")));
         }
         std::memcpy(dst, src, bytes);
         return finish(op, device, bytes, {});

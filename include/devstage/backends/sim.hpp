@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string_view>
 
@@ -26,7 +27,7 @@ namespace devstage {
 
 /// Construction options of a SimBackend. `SimBackend sim(SimConfig{.device_capacity = 1 << 20});`
 struct SimConfig {
-    std::size_t device_capacity = std::size_t{64} << 30;  ///< bytes device_malloc may hand out
+    std::size_t device_capacity = std::size_t{64} << 30;     ///< bytes device_malloc may hand out
     std::size_t bounce_buffer_bytes = std::size_t{2} << 20;  ///< chunk size of pageable copies
     bool lock_pinned = true;  ///< mlock pinned allocations (refusal is tolerated and reported)
 };
@@ -42,6 +43,9 @@ struct SimStats {
     std::uint64_t direct_bytes = 0;   ///< bytes copied directly (from or to pinned memory)
     std::uint64_t failed_calls = 0;
     std::uint64_t live_device_bytes = 0, peak_device_bytes = 0, live_pinned_bytes = 0;
+    std::uint64_t vmm_reservations = 0;  ///< live reserved address ranges
+    std::uint64_t vmm_chunks = 0;        ///< live physical chunks
+    std::uint64_t vmm_mapped_bytes = 0;  ///< bytes mapped into reservations now
 };
 
 /// The simulated accelerator. Thread-safe. `SimBackend sim; Stager<SimBackend> stager(sim);`
@@ -58,6 +62,7 @@ public:
     /// Unmaps whatever is still allocated.
     ~SimBackend() {
         device_.for_each([](void* base, const auto& entry) { ::munmap(base, entry.info); });
+        reservations_.for_each([](void* base, const auto& entry) { ::munmap(base, entry.bytes); });
         pinned_.for_each([](void* base, const auto& entry) { ::munmap(base, entry.info.mapped); });
         if (bounce_ != nullptr) ::munmap(bounce_, config_.bounce_buffer_bytes);
     }
@@ -88,9 +93,8 @@ public:
         std::lock_guard lock(mutex_);
         const auto entry = device_.erase(pointer);
         if (!entry) {
-            return fail(Errc::unknown_pointer,
-                        detail::message("sim device_free: ", static_cast<const void*>(pointer),
-                                        " is not a live device allocation"));
+            return fail(Errc::unknown_pointer, detail::message("sim device_free: ", static_cast<const void*>(pointer),
+                                                               " is not a live device allocation"));
         }
         ::munmap(pointer, entry->info);
         ++stats_.device_frees;
@@ -108,10 +112,10 @@ public:
 
     Status device_memset(void* device_dst, int value, std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
-        if (bytes > 0 && !device_.contains(device_dst, bytes)) {
-            return fail(Errc::invalid_argument, detail::message("sim device_memset: ", bytes, " bytes at ",
-                                                                static_cast<const void*>(device_dst),
-                                                                " are not inside one device allocation"));
+        if (bytes > 0 && !is_device(device_dst, bytes)) {
+            return fail(Errc::invalid_argument,
+                        detail::message("sim device_memset: ", bytes, " bytes at ",
+                                        static_cast<const void*>(device_dst), " are not inside one device allocation"));
         }
         if (bytes > 0) std::memset(device_dst, value, bytes);
         ++stats_.memsets;
@@ -131,8 +135,7 @@ public:
         std::lock_guard lock(mutex_);
         if (bytes == 0) return fail(Errc::invalid_argument, detail::message("sim pinned_malloc: 0 bytes requested"));
         const std::size_t mapped = round_to_page(bytes);
-        void* base =
-            ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
         if (base == MAP_FAILED) {
             return fail(Errc::out_of_memory, detail::message("sim pinned_malloc: mmap of ", mapped, " bytes failed"));
         }
@@ -154,6 +157,121 @@ public:
         ::munmap(pointer, entry->info.mapped);  // also unlocks
         ++stats_.pinned_frees;
         stats_.live_pinned_bytes -= entry->bytes;
+        return {};
+    }
+
+    // ---- virtual memory: in-place growth -------------------------------------------------
+    // A reservation is an mmap(PROT_NONE) range; a physical chunk is capacity accounting until
+    // mapped, when its pages become an anonymous MAP_FIXED mapping inside the range. Chunks
+    // map contiguously from the start of a reservation and unmap from its end.
+    using PhysicalHandle = std::uint64_t;
+
+    std::size_t vmm_granularity() const noexcept { return std::size_t{64} << 10; }
+
+    Result<void*> vmm_reserve(std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        if (bytes == 0 || bytes % vmm_granularity() != 0) {
+            return fail(Errc::invalid_argument,
+                        detail::message("sim vmm_reserve: ", bytes,
+                                        " bytes is not a positive multiple of the granularity ", vmm_granularity()));
+        }
+        void* base = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) {
+            return fail(Errc::out_of_memory,
+                        detail::message("sim vmm_reserve: ", bytes, " bytes of address space refused"));
+        }
+        reservations_.insert(base, bytes, 0);
+        ++stats_.vmm_reservations;
+        return base;
+    }
+
+    Status vmm_release(void* base) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto* reservation = reservations_.at(base);
+        if (reservation == nullptr || reservation->info != 0) {
+            return fail(reservation == nullptr ? Errc::unknown_pointer : Errc::busy,
+                        detail::message("sim vmm_release: ", static_cast<const void*>(base),
+                                        reservation == nullptr ? " is not a reservation" : " still has mapped chunks"));
+        }
+        ::munmap(base, reservation->bytes);
+        (void)reservations_.erase(base);
+        --stats_.vmm_reservations;
+        return {};
+    }
+
+    Result<PhysicalHandle> vmm_create(std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        if (bytes == 0 || bytes % vmm_granularity() != 0) {
+            return fail(
+                Errc::invalid_argument,
+                detail::message("sim vmm_create: ", bytes, " bytes is not a positive multiple of the granularity"));
+        }
+        if (bytes > config_.device_capacity - stats_.live_device_bytes) {
+            return fail(Errc::out_of_memory,
+                        detail::message("sim vmm_create: ", bytes, " bytes requested, ", stats_.live_device_bytes,
+                                        " of ", config_.device_capacity, " bytes in use"));
+        }
+        const PhysicalHandle handle = ++next_handle_;
+        chunks_.emplace(handle, Chunk{bytes, nullptr});
+        stats_.live_device_bytes += bytes;
+        stats_.peak_device_bytes = std::max(stats_.peak_device_bytes, stats_.live_device_bytes);
+        ++stats_.vmm_chunks;
+        return handle;
+    }
+
+    Status vmm_free(PhysicalHandle handle) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto found = chunks_.find(handle);
+        if (found == chunks_.end() || found->second.mapped_at != nullptr) {
+            return fail(found == chunks_.end() ? Errc::unknown_pointer : Errc::busy,
+                        detail::message("sim vmm_free: chunk ", handle,
+                                        found == chunks_.end() ? " is unknown" : " is still mapped"));
+        }
+        stats_.live_device_bytes -= found->second.bytes;
+        chunks_.erase(found);
+        --stats_.vmm_chunks;
+        return {};
+    }
+
+    Status vmm_map(void* address, std::size_t bytes, PhysicalHandle handle) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto chunk = chunks_.find(handle);
+        const auto* reservation = reservations_.containing(address, bytes);
+        if (chunk == chunks_.end() || chunk->second.mapped_at != nullptr || chunk->second.bytes != bytes ||
+            reservation == nullptr) {
+            return fail(Errc::invalid_argument, detail::message("sim vmm_map: chunk ", handle, " of ", bytes,
+                                                                " bytes cannot be mapped at ", address));
+        }
+        void* base = reservations_.base_of(address, bytes);
+        if (static_cast<std::byte*>(base) + reservation->info != address) {
+            return fail(Errc::not_supported, detail::message("sim vmm_map: ", address,
+                                                             " is not the end of the mapped part of its reservation"));
+        }
+        if (::mmap(address, bytes, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) ==
+            MAP_FAILED) {
+            return fail(Errc::out_of_memory, detail::message("sim vmm_map: mapping ", bytes, " bytes failed"));
+        }
+        chunk->second.mapped_at = address;
+        set_mapped(base, reservation->info + bytes);
+        stats_.vmm_mapped_bytes += bytes;
+        return {};
+    }
+
+    Status vmm_unmap(void* address, std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto* reservation = reservations_.containing(address, bytes);
+        void* base = reservations_.base_of(address, bytes);
+        if (reservation == nullptr ||
+            static_cast<std::byte*>(address) + bytes != static_cast<std::byte*>(base) + reservation->info) {
+            return fail(Errc::invalid_argument, detail::message("sim vmm_unmap: ", bytes, " bytes at ", address,
+                                                                " are not the last mapped chunk of a reservation"));
+        }
+        for (auto& [handle, chunk] : chunks_) {
+            if (chunk.mapped_at == address) chunk.mapped_at = nullptr;
+        }
+        ::mmap(address, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        set_mapped(base, reservation->info - bytes);
+        stats_.vmm_mapped_bytes -= bytes;
         return {};
     }
 
@@ -180,6 +298,21 @@ private:
         std::size_t mapped;
         bool locked;
     };
+    struct Chunk {
+        std::size_t bytes;
+        void* mapped_at;
+    };
+
+    // The mapped prefix of a reservation is what copies may touch.
+    void set_mapped(void* base, std::size_t mapped) {
+        const auto entry = reservations_.erase(base);
+        reservations_.insert(base, entry->bytes, mapped);
+        (void)vmm_mapped_.erase(base);
+        if (mapped > 0) vmm_mapped_.insert(base, mapped, 0);
+    }
+    bool is_device(const void* pointer, std::size_t bytes) const noexcept {
+        return device_.contains(pointer, bytes) || vmm_mapped_.contains(pointer, bytes);
+    }
 
     static std::size_t round_to_page(std::size_t bytes) noexcept {
         static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -197,10 +330,9 @@ private:
         std::unique_lock lock(mutex_);
         const bool to_device = device == dst;
         if (bytes == 0) return {};
-        if (!device_.contains(device, bytes)) {
-            return fail(Errc::invalid_argument,
-                        detail::message("sim ", what, ": ", bytes, " bytes at device address ", device,
-                                        " are not inside one device allocation"));
+        if (!is_device(device, bytes)) {
+            return fail(Errc::invalid_argument, detail::message("sim ", what, ": ", bytes, " bytes at device address ",
+                                                                device, " are not inside one device allocation"));
         }
         if (host == nullptr) return fail(Errc::invalid_argument, detail::message("sim ", what, ": null host pointer"));
         ++(to_device ? stats_.copies_to_device : stats_.copies_from_device);
@@ -240,8 +372,12 @@ private:
     SimConfig config_;
     mutable std::mutex mutex_;
     std::mutex bounce_mutex_;
-    detail::AddressMap<std::size_t> device_;   // info: mapped bytes
+    detail::AddressMap<std::size_t> device_;  // info: mapped bytes
     detail::AddressMap<PinnedInfo> pinned_;
+    detail::AddressMap<std::size_t> reservations_;  // info: bytes mapped from the start
+    detail::AddressMap<int> vmm_mapped_;            // the mapped prefix of each reservation
+    std::map<PhysicalHandle, Chunk> chunks_;
+    PhysicalHandle next_handle_ = 0;
     std::byte* bounce_ = nullptr;
     SimStats stats_;
 };
@@ -250,5 +386,6 @@ static_assert(Backend<SimBackend>);
 static_assert(PinnedHostBackend<SimBackend>);
 static_assert(MemsetBackend<SimBackend>);
 static_assert(SynchronizingBackend<SimBackend>);
+static_assert(VirtualMemoryBackend<SimBackend>);
 
 }  // namespace devstage

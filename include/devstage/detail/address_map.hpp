@@ -40,13 +40,14 @@ public:
 
     /// The allocation holding all of [pointer, pointer + bytes), or null.
     const Entry* containing(const void* pointer, std::size_t bytes) const {
-        const std::uintptr_t address = key(pointer);
-        auto next = map_.upper_bound(address);
-        if (next == map_.begin()) return nullptr;
-        const auto& [base, entry] = *std::prev(next);
-        const std::uintptr_t offset = address - base;
-        if (offset > entry.bytes || bytes > entry.bytes - offset) return nullptr;
-        return &entry;
+        const auto found = find_containing(pointer, bytes);
+        return found == map_.end() ? nullptr : &found->second;
+    }
+
+    /// The start of the allocation holding all of [pointer, pointer + bytes), or null.
+    void* base_of(const void* pointer, std::size_t bytes) const {
+        const auto found = find_containing(pointer, bytes);
+        return found == map_.end() ? nullptr : reinterpret_cast<void*>(found->first);
     }
 
     std::size_t size() const noexcept { return map_.size(); }
@@ -58,6 +59,16 @@ public:
     void clear() noexcept { map_.clear(); }
 
 private:
+    auto find_containing(const void* pointer, std::size_t bytes) const {
+        const std::uintptr_t address = key(pointer);
+        auto next = map_.upper_bound(address);
+        if (next == map_.begin()) return map_.end();
+        const auto candidate = std::prev(next);
+        const std::uintptr_t offset = address - candidate->first;
+        if (offset > candidate->second.bytes || bytes > candidate->second.bytes - offset) return map_.end();
+        return candidate;
+    }
+
     static std::uintptr_t key(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
     std::map<std::uintptr_t, Entry> map_;
 };

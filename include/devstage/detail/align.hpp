@@ -17,6 +17,14 @@ constexpr std::optional<std::size_t> align_up(std::size_t value, std::size_t ali
     return (value + mask) & ~mask;
 }
 
+/// `value` rounded up to a multiple of `multiple` (> 0, any value), or nullopt on overflow.
+constexpr std::optional<std::size_t> round_up(std::size_t value, std::size_t multiple) noexcept {
+    const std::size_t remainder = value % multiple;
+    if (remainder == 0) return value;
+    if (value > std::numeric_limits<std::size_t>::max() - (multiple - remainder)) return std::nullopt;
+    return value + (multiple - remainder);
+}
+
 /// `a + b`, or nullopt on overflow.
 constexpr std::optional<std::size_t> add(std::size_t a, std::size_t b) noexcept {
     if (a > std::numeric_limits<std::size_t>::max() - b) return std::nullopt;

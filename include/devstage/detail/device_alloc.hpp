@@ -28,9 +28,8 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     constexpr std::size_t slack = alignment_slack(B::device_alignment, Alignment);
     const auto total = add(usable, slack);
     if (!total || *total == 0) {
-        return Status(Errc::invalid_argument,
-                      message(what, ": cannot allocate ", usable, " bytes plus ", slack,
-                              " bytes of alignment slack from backend '", backend.name(), "'"));
+        return Status(Errc::invalid_argument, message(what, ": cannot allocate ", usable, " bytes plus ", slack,
+                                                      " bytes of alignment slack from backend '", backend.name(), "'"));
     }
     Result<void*> pointer = backend.device_malloc(*total);
     if (!pointer) {
@@ -45,8 +44,7 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
         (void)backend.device_free(*pointer);
         return Status(Errc::backend_failure,
                       message(what, ": backend '", backend.name(), "' returned ", static_cast<const void*>(*pointer),
-                              " for ", *total, " bytes, not aligned to its device_alignment ",
-                              B::device_alignment));
+                              " for ", *total, " bytes, not aligned to its device_alignment ", B::device_alignment));
     }
     return AlignedAllocation{*pointer, align_pointer(*pointer, Alignment), *total};
 }

@@ -10,19 +10,23 @@
 
 namespace devstage::detail {
 
-inline void append_piece(std::string& out, std::string_view piece) { out.append(piece); }
-inline void append_piece(std::string& out, const char* piece) { out.append(piece); }
-inline void append_piece(std::string& out, const std::string& piece) { out.append(piece); }
+inline void append_piece(std::string& out, std::string_view piece) {
+    out.append(piece);
+}
+inline void append_piece(std::string& out, const char* piece) {
+    out.append(piece);
+}
+inline void append_piece(std::string& out, const std::string& piece) {
+    out.append(piece);
+}
 inline void append_piece(std::string& out, const void* pointer) {
     char buffer[2 + 2 * sizeof(void*)] = {'0', 'x'};
-    auto [end, ec] = std::to_chars(buffer + 2, buffer + sizeof buffer,
-                                   reinterpret_cast<std::uintptr_t>(pointer), 16);
+    auto [end, ec] = std::to_chars(buffer + 2, buffer + sizeof buffer, reinterpret_cast<std::uintptr_t>(pointer), 16);
     (void)ec;
     out.append(buffer, end);
 }
 template <std::integral I>
-    requires(!std::same_as<I, char> && !std::same_as<I, bool>)
-void append_piece(std::string& out, I value) {
+requires(!std::same_as<I, char> && !std::same_as<I, bool>) void append_piece(std::string& out, I value) {
     char buffer[24];
     auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
     (void)ec;

@@ -38,8 +38,8 @@ public:
         Result<detail::AlignedAllocation> allocated =
             detail::allocate_aligned<Alignment>(backend, tensor.bytes, "per-tensor device allocation", stats);
         if (!allocated) return allocated.status();
-        return TensorLease{arg.data, allocated->base, tensor.bytes, copies_back(arg.direction), ReleaseKind::Free,
-                           allocated->allocation};
+        return TensorLease{arg.data,          allocated->base,      tensor.bytes, copies_back(arg.direction),
+                           ReleaseKind::Free, allocated->allocation};
     }
 
     template <Backend B>

@@ -22,9 +22,12 @@ namespace devstage {
 
 /// Temporary-buffer strategy with one retained slot. `Stager<SimBackend, RetainedBump<>> s(sim);`
 ///
-/// Per run: when the plan requires more than the slot holds, grow — free the old buffer, then
-/// malloc the new one (no data kept: the buffer is per-run scratch). If that malloc fails the
-/// slot is left empty and the run fails with out_of_memory naming the bytes. Slices start at
+/// Per run: when the plan requires more than the slot holds, grow (no data kept: the buffer
+/// is per-run scratch). The grow is transactional where memory allows: the new buffer is
+/// allocated first and the old one freed after; when that allocation fails, the old buffer is
+/// freed first and the allocation retried. If the retry fails too, the slot is left empty and
+/// the run fails with out_of_memory naming the bytes. StagerStats::grows_allocate_first and
+/// grows_free_first say which order each grow took. Slices start at
 /// multiples of `Alignment` from a base aligned to `Alignment`, over-allocating when the
 /// backend guarantees less. Leases are ReleaseKind::BufferNoop.
 ///
@@ -42,7 +45,9 @@ public:
     explicit RetainedBump(Growth growth) noexcept : growth_(std::move(growth)) {}
     RetainedBump(const RetainedBump& other) noexcept : growth_(other.growth_) {}
     RetainedBump(RetainedBump&& other) noexcept
-        : growth_(std::move(other.growth_)), slot_(std::exchange(other.slot_, {})), capacity_(std::exchange(other.capacity_, 0)) {}
+        : growth_(std::move(other.growth_)),
+          slot_(std::exchange(other.slot_, {})),
+          capacity_(std::exchange(other.capacity_, 0)) {}
     RetainedBump& operator=(const RetainedBump&) = delete;
     RetainedBump& operator=(RetainedBump&&) = delete;
     ~RetainedBump() = default;  // the owner releases or abandons the buffer first
@@ -59,21 +64,34 @@ public:
         }
         if (*target < required) {
             ++stats.grow_failures;
-            return Status(Errc::invalid_argument,
-                          detail::message("retained buffer grow: growth policy returned ", *target,
-                                          " bytes for a plan requiring ", required));
+            return Status(Errc::invalid_argument, detail::message("retained buffer grow: growth policy returned ",
+                                                                  *target, " bytes for a plan requiring ", required));
         }
-        if (Status freed = release_retained(backend, stats); !freed) {
-            ++stats.grow_failures;
-            return freed;
-        }
+        // Transactional where memory allows: the new buffer is allocated while the old one is
+        // still held; only if that fails is the old one freed first and the allocation retried.
+        const std::size_t held = capacity_;
         Result<detail::AlignedAllocation> grown =
             detail::allocate_aligned<Alignment>(backend, *target, "retained buffer grow", stats);
+        if (grown) {
+            if (slot_.allocation != nullptr) {
+                ++stats.grows_allocate_first;
+                // The new buffer is in place whatever the free reports; a failed free is the
+                // backend's memory to account for and does not fail the run.
+                (void)release_retained(backend, stats);
+            }
+        } else if (slot_.allocation != nullptr) {
+            if (Status freed = release_retained(backend, stats); !freed) {
+                ++stats.grow_failures;
+                return freed;
+            }
+            grown = detail::allocate_aligned<Alignment>(backend, *target, "retained buffer grow", stats);
+            if (grown) ++stats.grows_free_first;
+        }
         if (!grown) {
             ++stats.grow_failures;
             const Status& cause = grown.status();
-            return Status(cause.code(), detail::message(cause.message(), " (capacity ", previous_capacity_,
-                                                        ", plan requires ", required, ")"));
+            return Status(cause.code(),
+                          detail::message(cause.message(), " (capacity ", held, ", plan requires ", required, ")"));
         }
         slot_ = *grown;
         capacity_ = *target;
@@ -90,18 +108,20 @@ public:
         if (slot_.base == nullptr || !end || *end > capacity_) {
             return Status(Errc::invalid_argument,
                           detail::message("retained buffer slice miss: offset ", tensor.offset, " + ", tensor.bytes,
-                                          " bytes exceeds capacity ", capacity_, " on backend '", backend.name(),
-                                          "'"));
+                                          " bytes exceeds capacity ", capacity_, " on backend '", backend.name(), "'"));
         }
-        return TensorLease{arg.data, static_cast<std::byte*>(slot_.base) + tensor.offset, tensor.bytes,
-                           copies_back(arg.direction), ReleaseKind::BufferNoop, nullptr};
+        return TensorLease{arg.data,
+                           static_cast<std::byte*>(slot_.base) + tensor.offset,
+                           tensor.bytes,
+                           copies_back(arg.direction),
+                           ReleaseKind::BufferNoop,
+                           nullptr};
     }
 
     /// Gives the retained buffer back to the backend now. The slot is empty afterwards even if
     /// the backend reports an error (the memory is then the backend's to account for).
     template <Backend B>
     Status release_retained(B& backend, StagerStats& stats) noexcept {
-        previous_capacity_ = capacity_;
         if (slot_.allocation == nullptr) return {};
         ++stats.device_frees;
         stats.retained_bytes -= slot_.allocated;
@@ -109,9 +129,8 @@ public:
         slot_ = {};
         capacity_ = 0;
         if (!status) {
-            return Status(status.code(),
-                          detail::message("retained buffer free failed on backend '", backend.name(), "': ",
-                                          status.message()));
+            return Status(status.code(), detail::message("retained buffer free failed on backend '", backend.name(),
+                                                         "': ", status.message()));
         }
         return status;
     }
@@ -133,7 +152,6 @@ private:
     Growth growth_;
     detail::AlignedAllocation slot_;
     std::size_t capacity_ = 0;
-    std::size_t previous_capacity_ = 0;
 };
 
 }  // namespace devstage

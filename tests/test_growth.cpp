@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// Growth policies, alone and driving RetainedBump through a prefill sweep.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "devstage/backends/mock.hpp"
+#include "devstage/stager.hpp"
+#include "devstage/strategy/growth.hpp"
+
+using namespace devstage;
+
+namespace {
+// A prefill sweep: one run per sequence length from 128 to 8192 tokens, each staging an
+// activation of tokens × 5120 bf16 values. Returns the stager's regrows.
+template <class Growth>
+std::uint64_t prefill_regrows(Growth growth = {}) {
+    MockBackend mock(MockConfig{.journal = false});
+    Stager<MockBackend, RetainedBump<Growth>> stager(mock, RetainedBump<Growth>(growth));
+    std::vector<std::byte> host(8192 * 5120 * 2);
+    for (std::size_t tokens = 128; tokens <= 8192; tokens += 128) {
+        const TensorArg args[] = {{host.data(), tokens * 5120 * 2, Direction::In}};
+        auto run = stager.bind(args);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+    }
+    return stager.stats().regrows;
+}
+}  // namespace
+
+TEST_CASE("growth: a prefill sweep regrows every step with ExactGrowth, O(log) with GeometricGrowth", "[growth]") {
+    const std::uint64_t exact = prefill_regrows<ExactGrowth>();
+    const std::uint64_t geometric = prefill_regrows<GeometricGrowth<3, 2>>();
+    CHECK(exact == 64);  // 128 → 8192 in steps of 128: every run is larger
+    const auto bound = static_cast<std::uint64_t>(std::ceil(std::log(8192.0 / 128.0) / std::log(1.5)));
+    CHECK(geometric <= bound + 1);  // +1: the first allocation
+    CHECK(geometric < exact);
+}
+
+TEST_CASE("growth: policies compute their next capacity", "[growth]") {
+    CHECK(*ExactGrowth{}.next_capacity(100, 150) == 150);
+    CHECK(*GeometricGrowth<3, 2>{}.next_capacity(1000, 1100) == 1500);
+    CHECK(*GeometricGrowth<3, 2>{}.next_capacity(1000, 4000) == 4000);
+    CHECK(*GeometricGrowth<2, 1>{}.next_capacity(static_cast<std::size_t>(-1) / 2 + 7, 10) ==
+          static_cast<std::size_t>(-1));
+    CHECK(*GranularGrowth<2 << 20>{}.next_capacity(0, 1) == 2 << 20);
+    CHECK(*GranularGrowth<2 << 20>{}.next_capacity(0, (2 << 20) + 1) == 4 << 20);
+    CHECK(GranularGrowth<4096>{}.next_capacity(0, static_cast<std::size_t>(-5)).status().code() ==
+          Errc::invalid_argument);
+}
+
+TEST_CASE("growth: CappedGrowth fails fast naming required and cap, and clamps", "[growth]") {
+    const CappedGrowth<GeometricGrowth<2, 1>> capped(1 << 20);
+    CHECK(*capped.next_capacity(600 << 10, 700 << 10) == 1 << 20);  // 1.2 MiB clamped to the cap
+    auto over = capped.next_capacity(0, (1 << 20) + 1);
+    REQUIRE_FALSE(over.ok());
+    CHECK(over.status().code() == Errc::out_of_memory);
+    CHECK_THAT(over.status().message(), Catch::Contains("required 1048577 bytes, cap 1048576"));
+
+    MockBackend mock;
+    Stager<MockBackend, RetainedBump<CappedGrowth<>>> stager(mock, RetainedBump<CappedGrowth<>>(CappedGrowth<>(4096)));
+    std::vector<std::byte> host(8192);
+    const TensorArg big[] = {{host.data(), 8192, Direction::In}};
+    auto run = stager.bind(big);
+    REQUIRE_FALSE(run.ok());
+    CHECK_THAT(run.status().message(), Catch::Contains("cap 4096"));
+    CHECK(mock.total_calls() == 0);  // failed before any backend call
+    const TensorArg small[] = {{host.data(), 100, Direction::In}};
+    auto ok = stager.bind(small);
+    REQUIRE(ok.ok());
+    REQUIRE(stager.finish(std::move(*ok)).ok());
+}
+
+namespace {
+Result<StagedRun> bind_bytes(Stager<MockBackend>& stager, std::vector<std::byte>& host, std::size_t bytes) {
+    const TensorArg args[] = {{host.data(), bytes, Direction::In}};
+    return stager.bind(args);
+}
+}  // namespace
+
+TEST_CASE("growth: a grow allocates the new buffer before freeing the old one when memory allows",
+          "[growth][transactional]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock);
+    std::vector<std::byte> host(8192);
+    auto first = bind_bytes(stager, host, 1024);
+    REQUIRE(first.ok());
+    REQUIRE(stager.finish(std::move(*first)).ok());
+    mock.clear_journal();
+    auto second = bind_bytes(stager, host, 8192);
+    REQUIRE(second.ok());
+    const auto journal = mock.journal();
+    REQUIRE(journal.size() >= 2);
+    CHECK(journal[0].op == MockOp::device_malloc);
+    CHECK(journal[1].op == MockOp::device_free);
+    CHECK(stager.stats().grows_allocate_first == 1);
+    CHECK(stager.stats().grows_free_first == 0);
+    REQUIRE(stager.finish(std::move(*second)).ok());
+}
+
+TEST_CASE("growth: when both buffers do not fit, the old one is freed first and the grow retried",
+          "[growth][transactional]") {
+    MockBackend mock(MockConfig{.device_capacity = 12000});
+    Stager<MockBackend> stager(mock);
+    std::vector<std::byte> host(8192);
+    auto first = bind_bytes(stager, host, 3000);  // 3072 + 960 slack held
+    REQUIRE(first.ok());
+    REQUIRE(stager.finish(std::move(*first)).ok());
+    auto second = bind_bytes(stager, host, 8192);  // 8192 + 960 does not fit beside it
+    REQUIRE(second.ok());
+    CHECK(stager.stats().grows_free_first == 1);
+    CHECK(stager.stats().grows_allocate_first == 0);
+    CHECK(stager.stats().regrows == 2);
+    REQUIRE(stager.finish(std::move(*second)).ok());
+    CHECK(mock.live_device_allocations() == 1);
+}
+
+TEST_CASE("growth: fault injection on either grow attempt", "[growth][transactional]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock);
+    std::vector<std::byte> host(8192);
+    auto first = bind_bytes(stager, host, 1024);
+    REQUIRE(first.ok());
+    REQUIRE(stager.finish(std::move(*first)).ok());
+
+    SECTION("the first attempt fails: free first, retry succeeds") {
+        mock.fail_call(MockOp::device_malloc, 2, Errc::out_of_memory);
+        auto grown = bind_bytes(stager, host, 4096);
+        REQUIRE(grown.ok());
+        CHECK(stager.stats().grows_free_first == 1);
+        REQUIRE(stager.finish(std::move(*grown)).ok());
+        CHECK(mock.live_device_allocations() == 1);
+    }
+    SECTION("both attempts fail: the slot is empty, the run fails, the stager stays usable") {
+        mock.fail_from(MockOp::device_malloc, 2, Errc::out_of_memory);
+        auto failed = bind_bytes(stager, host, 4096);
+        REQUIRE_FALSE(failed.ok());
+        CHECK(failed.status().code() == Errc::out_of_memory);
+        CHECK_THAT(failed.status().message(),
+                   Catch::Contains("retained buffer grow failed") && Catch::Contains("capacity 1024"));
+        CHECK(stager.stats().grow_failures == 1);
+        CHECK(stager.strategy().capacity() == 0);
+        CHECK(mock.live_device_allocations() == 0);
+        mock.clear_faults();
+        auto again = bind_bytes(stager, host, 4096);
+        REQUIRE(again.ok());
+        REQUIRE(stager.finish(std::move(*again)).ok());
+    }
+    CHECK(mock.misuses() == 0);
+}
