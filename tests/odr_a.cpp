@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Two translation units include every header and are linked together: no ODR violation,
 // no non-inline definitions in headers.
+#include "devstage/backends/ascend.hpp"
+#include "devstage/backends/cuda.hpp"
 #include "devstage/backends/mock.hpp"
 #include "devstage/backends/sim.hpp"
 #include "devstage/devstage.hpp"

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+#include "devstage/backends/ascend.hpp"
+#include "devstage/backends/cuda.hpp"
 #include "devstage/backends/mock.hpp"
 #include "devstage/backends/sim.hpp"
 #include "devstage/devstage.hpp"

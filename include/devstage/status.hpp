@@ -117,7 +117,8 @@ using ErrorSink = void (*)(const Status& status) noexcept;
 /// The default ErrorSink: `devstage: <errc>: <message>` on stderr.
 inline void stderr_error_sink(const Status& status) noexcept {
     const std::string_view code = to_string(status.code());
-    std::fprintf(stderr, "devstage: %.*s: %s\n", static_cast<int>(code.size()), code.data(), status.message().c_str());
+    (void)std::fprintf(stderr, "devstage: %.*s: %s\n", static_cast<int>(code.size()), code.data(),
+                       status.message().c_str());
 }
 
 }  // namespace devstage

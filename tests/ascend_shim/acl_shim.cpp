@@ -36,7 +36,7 @@ struct Allocation {
 };
 
 // Virtual memory: reservations map physical chunks contiguously from their start.
-constexpr std::size_t vmm_granularity = std::size_t{2} << 20;
+[[maybe_unused]] constexpr std::size_t vmm_granularity = std::size_t{2} << 20;
 struct Reservation {
     std::size_t bytes;
     std::size_t mapped;  // prefix mapped so far

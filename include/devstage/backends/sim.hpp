@@ -269,7 +269,10 @@ public:
         for (auto& [handle, chunk] : chunks_) {
             if (chunk.mapped_at == address) chunk.mapped_at = nullptr;
         }
-        ::mmap(address, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (::mmap(address, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) ==
+            MAP_FAILED) {
+            return fail(Errc::backend_failure, detail::message("sim vmm_unmap: remapping ", bytes, " bytes failed"));
+        }
         set_mapped(base, reservation->info - bytes);
         stats_.vmm_mapped_bytes -= bytes;
         return {};

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -19,11 +20,11 @@ public:
         Info info;
     };
 
-    void insert(const void* base, std::size_t bytes, Info info) { map_.emplace(key(base), Entry{bytes, info}); }
+    void insert(const void* base, std::size_t bytes, Info info) { map_.emplace(base, Entry{bytes, info}); }
 
     /// The allocation starting exactly at `base`, removed; nullopt when there is none.
     std::optional<Entry> erase(const void* base) {
-        const auto found = map_.find(key(base));
+        const auto found = map_.find(base);
         if (found == map_.end()) return std::nullopt;
         Entry entry = found->second;
         map_.erase(found);
@@ -31,7 +32,7 @@ public:
     }
 
     const Entry* at(const void* base) const {
-        const auto found = map_.find(key(base));
+        const auto found = map_.find(base);
         return found == map_.end() ? nullptr : &found->second;
     }
 
@@ -47,30 +48,29 @@ public:
     /// The start of the allocation holding all of [pointer, pointer + bytes), or null.
     void* base_of(const void* pointer, std::size_t bytes) const {
         const auto found = find_containing(pointer, bytes);
-        return found == map_.end() ? nullptr : reinterpret_cast<void*>(found->first);
+        return found == map_.end() ? nullptr : const_cast<void*>(found->first);
     }
 
     std::size_t size() const noexcept { return map_.size(); }
     bool empty() const noexcept { return map_.empty(); }
     template <class F>
     void for_each(F&& f) const {
-        for (const auto& [base, entry] : map_) f(reinterpret_cast<void*>(base), entry);
+        for (const auto& [base, entry] : map_) f(const_cast<void*>(base), entry);
     }
     void clear() noexcept { map_.clear(); }
 
 private:
     auto find_containing(const void* pointer, std::size_t bytes) const {
-        const std::uintptr_t address = key(pointer);
-        auto next = map_.upper_bound(address);
+        auto next = map_.upper_bound(pointer);
         if (next == map_.begin()) return map_.end();
         const auto candidate = std::prev(next);
-        const std::uintptr_t offset = address - candidate->first;
+        const std::uintptr_t offset = key(pointer) - key(candidate->first);
         if (offset > candidate->second.bytes || bytes > candidate->second.bytes - offset) return map_.end();
         return candidate;
     }
 
     static std::uintptr_t key(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
-    std::map<std::uintptr_t, Entry> map_;
+    std::map<const void*, Entry, std::less<>> map_;  // std::less orders any pointers
 };
 
 }  // namespace devstage::detail

@@ -48,6 +48,10 @@ public:
     }
 
     void abandon(StagerStats& /*stats*/) noexcept {}
+
+    /// No memory is retained across runs.
+    std::size_t capacity() const noexcept { return 0; }
+    const void* base() const noexcept { return nullptr; }
 };
 
 }  // namespace devstage
