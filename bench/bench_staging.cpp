@@ -69,6 +69,7 @@ void BM_pmr_peer(benchmark::State& state) {
     const auto args = make_args(static_cast<std::size_t>(state.range(0)), host);
     std::size_t total = 0;
     for (const auto& a : args) total += (a.bytes + 1023) / 1024 * 1024 + 1024;
+    total = total * 4 + (std::size_t{1} << 20);  // the pool peer takes whole chunks from its upstream
     NullCopyBackend backend;
     void* device = *backend.device_malloc(total);
     std::vector<void*> pointers(args.size());
@@ -163,14 +164,14 @@ BENCHMARK(BM_decode_raw_memcpy)->Name("decode/raw_memcpy")->Unit(benchmark::kMil
 // ---- 3. prefill with a growing sequence -----------------------------------------------------
 // One step per sequence length 128 → 8192 (doubling); each step stages activations sized by
 // the length. Reports regrows and peak retained bytes per growth policy.
-template <class Growth>
+template <class Strategy>
 void BM_prefill(benchmark::State& state) {
     const std::size_t hidden = 5120;
     std::vector<std::byte> host(8192 * hidden * 2);
     std::uint64_t regrows = 0, peak = 0;
     for (auto _ : state) {
         SimBackend sim;
-        Stager<SimBackend, RetainedBump<Growth>> stager(sim);
+        Stager<SimBackend, Strategy> stager(sim);
         for (std::size_t tokens = 128; tokens <= 8192; tokens += 128) {
             const TensorArg args[] = {{host.data(), tokens * hidden * 2, Direction::In},
                                       {host.data(), tokens * 1024 * 2, Direction::InOut}};
@@ -183,15 +184,49 @@ void BM_prefill(benchmark::State& state) {
     state.counters["regrows"] = static_cast<double>(regrows);
     state.counters["peak_retained_MB"] = static_cast<double>(peak) / 1e6;
 }
-BENCHMARK(BM_prefill<ExactGrowth>)->Name("prefill/ExactGrowth")->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_prefill<GeometricGrowth<3, 2>>)
+BENCHMARK(BM_prefill<RetainedBump<ExactGrowth>>)
+    ->Name("prefill/ExactGrowth")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_prefill<RetainedBump<GeometricGrowth<3, 2>>>)
     ->Name("prefill/GeometricGrowth<3,2>")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(BM_prefill<GranularGrowth<std::size_t{32} << 20>>)
+BENCHMARK(BM_prefill<RetainedBump<GranularGrowth<std::size_t{32} << 20>>>)
     ->Name("prefill/GranularGrowth<32MiB>")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// Steady-state step time per sequence length: the second plot of docs/performance.md.
+template <class Strategy>
+void BM_prefill_step(benchmark::State& state) {
+    const auto tokens = static_cast<std::size_t>(state.range(0));
+    const std::size_t hidden = 5120;
+    SimBackend sim;
+    PinnedHostPool<SimBackend> pool(sim);
+    auto activations = pool.allocate(tokens * hidden * 2);
+    auto cache = pool.allocate(tokens * 1024 * 2);
+    const TensorArg args[] = {{activations->data(), activations->size(), Direction::In},
+                              {cache->data(), cache->size(), Direction::InOut}};
+    Stager<SimBackend, Strategy> stager(sim);
+    for (auto _ : state) {
+        auto run = stager.bind(args);
+        if (!run || !stager.finish(std::move(*run))) state.SkipWithError("prefill step failed");
+    }
+    state.counters["tokens"] = static_cast<double>(tokens);
+    state.counters["mallocs_per_step"] =
+        static_cast<double>(stager.stats().device_mallocs) / static_cast<double>(stager.stats().runs);
+}
+#define SEQUENCE_LENGTHS Arg(128)->Arg(512)->Arg(1024)->Arg(2048)->Arg(4096)->Arg(8192)
+BENCHMARK(BM_prefill_step<RetainedBump<>>)
+    ->Name("prefill_step/RetainedBump")
+    ->SEQUENCE_LENGTHS->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_prefill_step<PerTensorMalloc<>>)
+    ->Name("prefill_step/PerTensorMalloc")
+    ->SEQUENCE_LENGTHS->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_prefill<RetainedVmm<>>)->Name("prefill/RetainedVmm")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // ---- 4. pinned vs pageable staging; pinned pool with and without the cache -----------------
 template <bool Pinned>

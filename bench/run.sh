@@ -10,6 +10,10 @@ out=$build/bench_staging.json
     --benchmark_min_time=0.2 "$@"
 python3 bench/render.py "$out" docs/performance.md docs/bind_overhead
 if command -v gnuplot >/dev/null; then
-    gnuplot docs/bind_overhead.gp && rm -f docs/bind_overhead.gp docs/bind_overhead.dat
+    for plot in bind_overhead step_time; do
+        gnuplot "docs/$plot.gp" && rm -f "docs/$plot.gp" "docs/$plot.dat"
+    done
+else
+    echo "gnuplot not found: plots not rendered (docs/*.gp left in place)"
 fi
 echo "wrote docs/performance.md"

@@ -22,13 +22,13 @@ TEST_CASE("per_tensor: leases are Free, aligned up, and freed through their allo
     CHECK(mock.total_calls() == 0);
     std::vector<TensorLease> leases;
     for (const PlannedTensor& tensor : plan->tensors()) {
-        auto lease = strategy.acquire(mock, tensor, args[tensor.arg_index], stats);
-        REQUIRE(lease.ok());
-        CHECK(lease->release_kind == ReleaseKind::Free);
-        CHECK(reinterpret_cast<std::uintptr_t>(lease->device) % 1024 == 0);
-        CHECK(lease->allocation != lease->device);  // 64-aligned allocation, aligned up
-        CHECK(mock.is_device(lease->device, lease->bytes));
-        leases.push_back(*lease);
+        TensorLease lease{};
+        REQUIRE(strategy.acquire(mock, tensor, args[tensor.arg_index], lease, stats).ok());
+        CHECK(lease.release_kind == ReleaseKind::Free);
+        CHECK(reinterpret_cast<std::uintptr_t>(lease.device) % 1024 == 0);
+        CHECK(lease.allocation != lease.device);  // 64-aligned allocation, aligned up
+        CHECK(mock.is_device(lease.device, lease.bytes));
+        leases.push_back(lease);
     }
     CHECK(leases[1].copy_back);
     CHECK_FALSE(leases[0].copy_back);

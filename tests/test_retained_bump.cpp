@@ -39,11 +39,11 @@ TEST_CASE("retained_bump: slices are Alignment-aligned over a 64-aligned backend
     CHECK(stats.retained_bytes == journal[0].bytes);
     CHECK(reinterpret_cast<std::uintptr_t>(strategy.base()) % 1024 == 0);
     for (const PlannedTensor& tensor : plan->tensors()) {
-        auto lease = strategy.acquire(mock, tensor, args[tensor.arg_index], stats);
-        REQUIRE(lease.ok());
-        CHECK(reinterpret_cast<std::uintptr_t>(lease->device) % 1024 == 0);
-        CHECK(mock.is_device(lease->device, lease->bytes));
-        CHECK(lease->release_kind == ReleaseKind::BufferNoop);
+        TensorLease lease{};
+        REQUIRE(strategy.acquire(mock, tensor, args[tensor.arg_index], lease, stats).ok());
+        CHECK(reinterpret_cast<std::uintptr_t>(lease.device) % 1024 == 0);
+        CHECK(mock.is_device(lease.device, lease.bytes));
+        CHECK(lease.release_kind == ReleaseKind::BufferNoop);
     }
     REQUIRE(strategy.release_retained(mock, stats).ok());
     CHECK(stats.retained_bytes == 0);
@@ -56,14 +56,15 @@ TEST_CASE("retained_bump: a slice outside the buffer is an error, not undefined 
     RetainedBump<> strategy;
     std::vector<std::byte> host(64);
     const TensorArg arg{host.data(), 64, Direction::In};
-    auto miss = strategy.acquire(mock, PlannedTensor{0, 0, 64}, arg, stats);  // no prepare: empty slot
+    TensorLease lease{};
+    const Status miss = strategy.acquire(mock, PlannedTensor{0, 0, 64}, arg, lease, stats);  // no prepare: empty slot
     REQUIRE_FALSE(miss.ok());
-    CHECK_THAT(miss.status().message(), Catch::Contains("slice miss"));
+    CHECK_THAT(miss.message(), Catch::Contains("slice miss"));
     const TensorArg args[] = {arg};
     auto plan = StagingPlan::build(args, 1024);
     REQUIRE(strategy.prepare(mock, *plan, stats).ok());
-    auto beyond = strategy.acquire(mock, PlannedTensor{0, 1024, 64}, arg, stats);
-    CHECK(beyond.status().code() == Errc::invalid_argument);
+    const Status beyond = strategy.acquire(mock, PlannedTensor{0, 1024, 64}, arg, lease, stats);
+    CHECK(beyond.code() == Errc::invalid_argument);
     REQUIRE(strategy.release_retained(mock, stats).ok());
 }
 

@@ -46,7 +46,10 @@ public:
     /// Rebuilds this plan in place, reusing its storage (no host allocation once the arg count
     /// has settled). On error the plan is left empty.
     Status assign(std::span<const TensorArg> args, std::size_t alignment) noexcept {
-        tensors_.clear();
+        // The storage only grows: writing into it by index keeps the per-run path free of
+        // push_back bookkeeping.
+        if (tensors_.size() < args.size()) tensors_.resize(args.size());
+        count_ = 0;
         required_ = 0;
         alignment_ = alignment;
         auto staged = args | ranges::views::enumerate | ranges::views::filter([](const auto& indexed) {
@@ -65,7 +68,7 @@ public:
                 return fail(detail::message("staging plan: total size overflows at arg ", index, " (", arg.bytes,
                                             " bytes after ", end, " bytes, alignment ", alignment, ")"));
             }
-            tensors_.push_back(PlannedTensor{static_cast<std::size_t>(index), end, arg.bytes});
+            tensors_[count_++] = PlannedTensor{static_cast<std::size_t>(index), end, arg.bytes};
             end = *next;
         }
         // Null host pointers of zero-byte or device args are fine; a null Device arg with bytes
@@ -75,19 +78,20 @@ public:
     }
 
     /// The staged args, in input order.
-    std::span<const PlannedTensor> tensors() const noexcept { return tensors_; }
+    std::span<const PlannedTensor> tensors() const noexcept { return {tensors_.data(), count_}; }
     /// Bytes a buffer aligned to `alignment()` must hold for this run.
     std::size_t required_bytes() const noexcept { return required_; }
     std::size_t alignment() const noexcept { return alignment_; }
 
 private:
     Status fail(std::string message) noexcept {
-        tensors_.clear();
+        count_ = 0;
         required_ = 0;
         return Status(Errc::invalid_argument, std::move(message));
     }
 
     std::vector<PlannedTensor> tensors_;
+    std::size_t count_ = 0;
     std::size_t required_ = 0;
     std::size_t alignment_ = 1;
 };

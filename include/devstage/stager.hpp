@@ -133,7 +133,8 @@ public:
         if (Status planned = slot.plan.assign(args, Strategy::alignment); !planned) return planned;
         if (Status prepared = slot.strategy.prepare(*backend_, slot.plan, stats_); !prepared) return prepared;
 
-        slot.leases.clear();
+        if (slot.lease_storage.size() < args.size()) slot.lease_storage.resize(args.size());
+        slot.lease_count = 0;
         slot.device_args.assign(args.begin(), args.end());
         auto planned = slot.plan.tensors().begin();
         for (std::size_t index = 0; index < args.size(); ++index) {
@@ -143,15 +144,16 @@ public:
                 device_arg.data = nullptr;
                 device_arg.placement = Placement::Device;
             } else if (arg.placement == Placement::Device) {
-                slot.leases.push_back(TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop});
+                slot.lease_storage[slot.lease_count++] =
+                    TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
             } else {
-                Result<TensorLease> lease = slot.strategy.acquire(*backend_, *planned++, arg, stats_);
-                if (!lease) {
+                TensorLease& lease = slot.lease_storage[slot.lease_count];
+                if (Status acquired = slot.strategy.acquire(*backend_, *planned++, arg, lease, stats_); !acquired) {
                     (void)release_leases(slot);
-                    return lease.status();
+                    return acquired;
                 }
-                slot.leases.push_back(*lease);
-                device_arg.data = lease->device;
+                ++slot.lease_count;
+                device_arg.data = lease.device;
                 device_arg.placement = Placement::Device;
             }
         }
@@ -163,7 +165,7 @@ public:
         ++stats_.runs;
         stats_.high_water_bytes = std::max<std::uint64_t>(stats_.high_water_bytes, slot.plan.required_bytes());
         const std::size_t index = static_cast<std::size_t>(free_slot - slots_.begin());
-        return StagedRun(this, index, slot.device_args, slot.leases);
+        return StagedRun(this, index, slot.device_args, slot.leases());
     }
 
     /// Ends a run: copies back Out/InOut args when `execution` is ok, releases every lease by
@@ -182,21 +184,24 @@ public:
         }
         Slot& slot = slots_[run.slot_];
         Status first;
-        for (const TensorLease& lease : slot.leases) {
+        std::uint64_t skipped = 0, copied_back = 0;
+        for (const TensorLease& lease : slot.leases()) {
             if (lease.release_kind == ReleaseKind::ExternalNoop) continue;
             if (!lease.copy_back || !execution.ok()) {
-                ++stats_.copy_backs_skipped;
+                ++skipped;
                 continue;
             }
             Status copied = backend_->copy_from_device(lease.host, lease.device, lease.bytes);
             if (copied) {
-                stats_.bytes_from_device += lease.bytes;
+                copied_back += lease.bytes;
             } else if (first.ok()) {
                 first = Status(copied.code(), detail::message("stager finish: copy back of ", lease.bytes,
                                                               " bytes failed on backend '", backend_->name(),
                                                               "': ", copied.message()));
             }
         }
+        stats_.copy_backs_skipped += skipped;
+        stats_.bytes_from_device += copied_back;
         Status released = release_leases(slot);
         if (first.ok()) first = std::move(released);
         unlink_handle(slot);
@@ -223,7 +228,7 @@ public:
     void abandon() noexcept {
         for (Slot& slot : slots_) {
             if (slot.live) {
-                slot.leases.clear();
+                slot.lease_count = 0;
                 unlink_handle(slot);
             }
             slot.strategy.abandon(stats_);
@@ -247,51 +252,60 @@ private:
         explicit Slot(Strategy s) : strategy(std::move(s)) {}
         Strategy strategy;
         StagingPlan plan;
-        std::vector<TensorLease> leases;
+        std::vector<TensorLease> lease_storage;  // only grows; the first lease_count are live
+        std::size_t lease_count = 0;
+        std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
         std::vector<TensorArg> device_args;
         StagedRun* handle = nullptr;
         bool live = false;
     };
 
     Status upload(Slot& slot, std::span<const TensorArg> args) noexcept {
-        auto lease = slot.leases.begin();
+        // Counters are summed locally and stored once: a store per tensor into stats_ would
+        // chain every iteration through memory.
+        std::uint64_t skipped = 0, uploaded = 0;
+        Status status;
+        auto lease = slot.leases().begin();
         for (const PlannedTensor& tensor : slot.plan.tensors()) {
             while (lease->release_kind == ReleaseKind::ExternalNoop) ++lease;
             const TensorLease& staged = *lease++;
             if (!uploads(args[tensor.arg_index].direction)) {
-                ++stats_.uploads_skipped;
+                ++skipped;
                 continue;
             }
             Status copied = backend_->copy_to_device(staged.device, staged.host, staged.bytes);
             if (!copied) {
-                return Status(copied.code(), detail::message("stager bind: upload of arg ", tensor.arg_index, " (",
-                                                             staged.bytes, " bytes) failed on backend '",
-                                                             backend_->name(), "': ", copied.message()));
+                status = Status(copied.code(), detail::message("stager bind: upload of arg ", tensor.arg_index, " (",
+                                                               staged.bytes, " bytes) failed on backend '",
+                                                               backend_->name(), "': ", copied.message()));
+                break;
             }
-            stats_.bytes_to_device += staged.bytes;
+            uploaded += staged.bytes;
         }
-        return {};
+        stats_.uploads_skipped += skipped;
+        stats_.bytes_to_device += uploaded;
+        return status;
     }
 
     Status release_leases(Slot& slot) noexcept {
         Status first;
-        for (TensorLease& lease : slot.leases) {
-            const bool frees = lease.release_kind == ReleaseKind::Free && lease.allocation != nullptr;
+        for (TensorLease& lease : slot.leases()) {
+            if (lease.release_kind != ReleaseKind::Free || lease.allocation == nullptr) continue;  // nothing to free
             Status released = devstage::release(*backend_, lease);
-            if (frees) ++stats_.device_frees;
+            ++stats_.device_frees;
             if (!released && first.ok()) {
                 first = Status(released.code(), detail::message("stager: releasing a lease of ", lease.bytes,
                                                                 " bytes failed on backend '", backend_->name(),
                                                                 "': ", released.message()));
             }
         }
-        slot.leases.clear();
+        slot.lease_count = 0;
         slot.live = false;
         return first;
     }
 
     Status end_live_run(Slot& slot) noexcept {
-        for (const TensorLease& lease : slot.leases) {
+        for (const TensorLease& lease : slot.leases()) {
             if (lease.release_kind != ReleaseKind::ExternalNoop) ++stats_.copy_backs_skipped;
         }
         unlink_handle(slot);

@@ -63,7 +63,8 @@ public:
         std::vector<std::string> candidates;
         if (!library_path.empty()) {
             candidates.push_back(std::move(library_path));
-        } else if (const char* env = std::getenv("DEVSTAGE_ACL_LIBRARY"); env != nullptr && *env != '\0') {
+        } else if (const char* env = std::getenv("DEVSTAGE_ACL_LIBRARY");  // NOLINT(concurrency-mt-unsafe): read once
+                   env != nullptr && *env != '\0') {
             candidates.emplace_back(env);
         } else {
             candidates = {"libascendcl.so", "libascendcl.so.1"};

@@ -46,7 +46,9 @@ public:
         std::vector<std::string> candidates;
         if (!library_path.empty()) {
             candidates.push_back(std::move(library_path));
-        } else if (const char* env = std::getenv("DEVSTAGE_CUDART_LIBRARY"); env != nullptr && *env != '\0') {
+        } else if (const char* env =
+                       std::getenv("DEVSTAGE_CUDART_LIBRARY");  // NOLINT(concurrency-mt-unsafe): read once
+                   env != nullptr && *env != '\0') {
             candidates.emplace_back(env);
         } else {
             candidates = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};

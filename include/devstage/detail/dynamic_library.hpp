@@ -25,7 +25,7 @@ public:
                 library.path_ = path;
                 return library;
             }
-            const char* why = ::dlerror();
+            const char* why = ::dlerror();  // NOLINT(concurrency-mt-unsafe): glibc keeps it per thread
             tried += message(tried.empty() ? "" : "; ", path, ": ", why != nullptr ? why : "not found");
         }
         return Status(Errc::library_not_found, message("cannot load ", tried));

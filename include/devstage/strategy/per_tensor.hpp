@@ -33,13 +33,14 @@ public:
     }
 
     template <Backend B>
-    Result<TensorLease> acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg,
-                                StagerStats& stats) noexcept {
+    Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
+                   StagerStats& stats) noexcept {
         Result<detail::AlignedAllocation> allocated =
             detail::allocate_aligned<Alignment>(backend, tensor.bytes, "per-tensor device allocation", stats);
         if (!allocated) return allocated.status();
-        return TensorLease{arg.data,          allocated->base,      tensor.bytes, copies_back(arg.direction),
-                           ReleaseKind::Free, allocated->allocation};
+        lease = TensorLease{arg.data,          allocated->base,      tensor.bytes, copies_back(arg.direction),
+                            ReleaseKind::Free, allocated->allocation};
+        return {};
     }
 
     template <Backend B>

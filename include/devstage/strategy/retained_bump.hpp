@@ -100,22 +100,24 @@ public:
         return {};
     }
 
-    /// The slice for one planned tensor. Precondition: prepare() succeeded for this plan.
+    /// Writes the slice for one planned tensor into `lease`. Precondition: prepare() succeeded
+    /// for this plan; a slice outside the buffer is still reported, never undefined behaviour.
     template <Backend B>
-    Result<TensorLease> acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg,
-                                StagerStats& /*stats*/) noexcept {
+    Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
+                   StagerStats& /*stats*/) noexcept {
         const auto end = detail::add(tensor.offset, tensor.bytes);
         if (slot_.base == nullptr || !end || *end > capacity_) {
             return Status(Errc::invalid_argument,
                           detail::message("retained buffer slice miss: offset ", tensor.offset, " + ", tensor.bytes,
                                           " bytes exceeds capacity ", capacity_, " on backend '", backend.name(), "'"));
         }
-        return TensorLease{arg.data,
-                           static_cast<std::byte*>(slot_.base) + tensor.offset,
-                           tensor.bytes,
-                           copies_back(arg.direction),
-                           ReleaseKind::BufferNoop,
-                           nullptr};
+        lease = TensorLease{arg.data,
+                            static_cast<std::byte*>(slot_.base) + tensor.offset,
+                            tensor.bytes,
+                            copies_back(arg.direction),
+                            ReleaseKind::BufferNoop,
+                            nullptr};
+        return {};
     }
 
     /// Gives the retained buffer back to the backend now. The slot is empty afterwards even if

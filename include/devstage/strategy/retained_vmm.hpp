@@ -100,20 +100,21 @@ public:
     }
 
     template <Backend B>
-    Result<TensorLease> acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg,
-                                StagerStats& /*stats*/) noexcept {
+    Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
+                   StagerStats& /*stats*/) noexcept {
         const auto end = detail::add(tensor.offset, tensor.bytes);
         if (base_ == nullptr || !end || *end > mapped_) {
             return Status(Errc::invalid_argument,
                           detail::message("vmm buffer slice miss: offset ", tensor.offset, " + ", tensor.bytes,
                                           " bytes exceeds mapped ", mapped_, " on backend '", backend.name(), "'"));
         }
-        return TensorLease{arg.data,
-                           static_cast<std::byte*>(base_) + tensor.offset,
-                           tensor.bytes,
-                           copies_back(arg.direction),
-                           ReleaseKind::BufferNoop,
-                           nullptr};
+        lease = TensorLease{arg.data,
+                            static_cast<std::byte*>(base_) + tensor.offset,
+                            tensor.bytes,
+                            copies_back(arg.direction),
+                            ReleaseKind::BufferNoop,
+                            nullptr};
+        return {};
     }
 
     /// Unmaps and frees every chunk (last first), then releases the reservation.
