@@ -307,3 +307,21 @@ TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-ident
     REQUIRE(run_once(reference, *backend, b).ok());
     CHECK(a.buffers == b.buffers);
 }
+
+TEMPLATE_LIST_TEST_CASE("staging: bad args are refused naming arg, bytes and backend; nothing is taken", "[staging]",
+                        StagingBackends) {
+    using namespace staging_suite;
+    auto backend = devstage::test::make_backend<TestType>();
+    Stager<TestType> stager(*backend);
+    HostRun host = decode_like(14);
+    host.args[3].data = nullptr;  // InOut, 2048 bytes, no host memory
+    Result<StagedRun> refused = stager.bind(host.args);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == Errc::invalid_argument);
+    CHECK_THAT(refused.status().message(), Catch::Contains("arg 3") && Catch::Contains("2048 bytes") &&
+                                               Catch::Contains(std::string(backend->name())));
+    CHECK(stager.stats().device_mallocs == 0);
+    CHECK(stager.live_runs() == 0);
+    host.relink();
+    CHECK(run_once(stager, *backend, host).ok());
+}

@@ -130,7 +130,10 @@ public:
                                                       backend_->name(), "'; finish one first"));
         }
         Slot& slot = *free_slot;
-        if (Status planned = slot.plan.assign(args, Strategy::alignment); !planned) return planned;
+        if (Status planned = slot.plan.assign(args, Strategy::alignment); !planned) {
+            return Status(planned.code(),
+                          detail::message(planned.message(), " (stager on backend '", backend_->name(), "')"));
+        }
         if (Status prepared = slot.strategy.prepare(*backend_, slot.plan, stats_); !prepared) return prepared;
 
         if (slot.lease_storage.size() < args.size()) slot.lease_storage.resize(args.size());

@@ -11,28 +11,16 @@
 
 #include "devstage/backends/mock.hpp"
 #include "devstage/pinned.hpp"
+#include "fuzz_support.hpp"
 
-namespace {
 using namespace devstage;
 
-void quiet(const Status&) noexcept {}
-
-[[noreturn]] void violated(const char* what) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-}
-#define EXPECT(condition)                       \
-    do {                                        \
-        if (!(condition)) violated(#condition); \
-    } while (0)
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    MockBackend mock(MockConfig{.journal = false, .sink = &quiet});
+    MockBackend mock(MockConfig{.journal = false, .sink = &fuzz::quiet});
     {
         std::optional<PinnedHostPool<MockBackend>> pool;
         pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
-        pool->set_error_sink(&quiet);
+        pool->set_error_sink(&fuzz::quiet);
         std::vector<PinnedBuffer> buffers;
         std::vector<void*> raw;
         std::byte stranger[8]{};
@@ -83,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                         pool.reset();  // the pool dies; buffers outlive it
                         raw.clear();
                         pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
-                        pool->set_error_sink(&quiet);
+                        pool->set_error_sink(&fuzz::quiet);
                     }
                     break;
             }

@@ -14,20 +14,10 @@
 
 #include "devstage/backends/mock.hpp"
 #include "devstage/devstage.hpp"
+#include "fuzz_support.hpp"
 
 namespace {
 using namespace devstage;
-
-void quiet(const Status&) noexcept {}
-
-[[noreturn]] void violated(const char* what) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-}
-#define EXPECT(condition)                       \
-    do {                                        \
-        if (!(condition)) violated(#condition); \
-    } while (0)
 
 class Input {
 public:
@@ -48,7 +38,7 @@ private:
 
 template <class Strategy>
 struct Harness {
-    MockBackend mock{MockConfig{.sink = &quiet}};
+    MockBackend mock{MockConfig{.sink = &fuzz::quiet}};
     std::optional<Stager<MockBackend, Strategy>> stager;
     std::vector<std::vector<std::byte>> host;
     std::vector<std::vector<std::byte>> expected;  // the reference model of host memory
@@ -59,7 +49,7 @@ struct Harness {
 
     Harness() {
         stager.emplace(mock);
-        stager->set_error_sink(&quiet);
+        stager->set_error_sink(&fuzz::quiet);
     }
     ~Harness() {
         run.reset();

@@ -60,16 +60,8 @@ public:
     /// Loads ACL (`library_path`, else $DEVSTAGE_ACL_LIBRARY, else libascendcl.so then
     /// libascendcl.so.1), initializes it, opens `device_id` and creates this backend's context.
     static Result<AscendBackend> create(std::int32_t device_id, std::string library_path = {}) noexcept {
-        std::vector<std::string> candidates;
-        if (!library_path.empty()) {
-            candidates.push_back(std::move(library_path));
-        } else if (const char* env = std::getenv("DEVSTAGE_ACL_LIBRARY");  // NOLINT(concurrency-mt-unsafe): read once
-                   env != nullptr && *env != '\0') {
-            candidates.emplace_back(env);
-        } else {
-            candidates = {"libascendcl.so", "libascendcl.so.1"};
-        }
-        Result<detail::DynamicLibrary> library = detail::DynamicLibrary::open(candidates);
+        Result<detail::DynamicLibrary> library = detail::DynamicLibrary::open(
+            std::move(library_path), "DEVSTAGE_ACL_LIBRARY", {"libascendcl.so", "libascendcl.so.1"});
         if (!library) return Status(Errc::library_not_found, detail::message("ascend: ", library.status().message()));
         AscendBackend backend;
         backend.library_ = std::move(*library);

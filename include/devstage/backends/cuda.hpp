@@ -43,17 +43,8 @@ public:
     /// Loads the runtime (`library_path`, else $DEVSTAGE_CUDART_LIBRARY, else libcudart.so.13,
     /// libcudart.so.12, libcudart.so) and binds to `device_id`.
     static Result<CudaBackend> create(int device_id, std::string library_path = {}) noexcept {
-        std::vector<std::string> candidates;
-        if (!library_path.empty()) {
-            candidates.push_back(std::move(library_path));
-        } else if (const char* env =
-                       std::getenv("DEVSTAGE_CUDART_LIBRARY");  // NOLINT(concurrency-mt-unsafe): read once
-                   env != nullptr && *env != '\0') {
-            candidates.emplace_back(env);
-        } else {
-            candidates = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
-        }
-        Result<detail::DynamicLibrary> library = detail::DynamicLibrary::open(candidates);
+        Result<detail::DynamicLibrary> library = detail::DynamicLibrary::open(
+            std::move(library_path), "DEVSTAGE_CUDART_LIBRARY", {"libcudart.so.13", "libcudart.so.12", "libcudart.so"});
         if (!library) return Status(Errc::library_not_found, detail::message("cuda: ", library.status().message()));
         CudaBackend backend;
         backend.library_ = std::move(*library);

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,18 @@ public:
             tried += message(tried.empty() ? "" : "; ", path, ": ", why != nullptr ? why : "not found");
         }
         return Status(Errc::library_not_found, message("cannot load ", tried));
+    }
+
+    /// Opens `explicit_path` if given, else the path in environment variable `env_var` if set,
+    /// else the first of `defaults` that loads.
+    static Result<DynamicLibrary> open(std::string explicit_path, const char* env_var,
+                                       const std::vector<std::string>& defaults) noexcept {
+        if (!explicit_path.empty()) return open(std::vector<std::string>{std::move(explicit_path)});
+        // NOLINTNEXTLINE(concurrency-mt-unsafe): read once, at backend creation
+        if (const char* env = std::getenv(env_var); env != nullptr && *env != '\0') {
+            return open(std::vector<std::string>{env});
+        }
+        return open(defaults);
     }
 
     /// The address of `symbol`, or library_not_found naming it and the library.

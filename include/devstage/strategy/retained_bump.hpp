@@ -11,6 +11,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/detail/device_alloc.hpp"
 #include "devstage/detail/message.hpp"
+#include "devstage/detail/slice.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -60,7 +61,8 @@ public:
         Result<std::size_t> target = growth_.next_capacity(capacity_, required);
         if (!target) {
             ++stats.grow_failures;
-            return target.status();
+            return Status(target.status().code(),
+                          detail::message(target.status().message(), " (backend '", backend.name(), "')"));
         }
         if (*target < required) {
             ++stats.grow_failures;
@@ -105,19 +107,7 @@ public:
     template <Backend B>
     Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
                    StagerStats& /*stats*/) noexcept {
-        const auto end = detail::add(tensor.offset, tensor.bytes);
-        if (slot_.base == nullptr || !end || *end > capacity_) {
-            return Status(Errc::invalid_argument,
-                          detail::message("retained buffer slice miss: offset ", tensor.offset, " + ", tensor.bytes,
-                                          " bytes exceeds capacity ", capacity_, " on backend '", backend.name(), "'"));
-        }
-        lease = TensorLease{arg.data,
-                            static_cast<std::byte*>(slot_.base) + tensor.offset,
-                            tensor.bytes,
-                            copies_back(arg.direction),
-                            ReleaseKind::BufferNoop,
-                            nullptr};
-        return {};
+        return detail::slice_lease(slot_.base, capacity_, tensor, arg, lease, "retained buffer", backend.name());
     }
 
     /// Gives the retained buffer back to the backend now. The slot is empty afterwards even if

@@ -15,6 +15,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/detail/align.hpp"
 #include "devstage/detail/message.hpp"
+#include "devstage/detail/slice.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -102,19 +103,7 @@ public:
     template <Backend B>
     Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
                    StagerStats& /*stats*/) noexcept {
-        const auto end = detail::add(tensor.offset, tensor.bytes);
-        if (base_ == nullptr || !end || *end > mapped_) {
-            return Status(Errc::invalid_argument,
-                          detail::message("vmm buffer slice miss: offset ", tensor.offset, " + ", tensor.bytes,
-                                          " bytes exceeds mapped ", mapped_, " on backend '", backend.name(), "'"));
-        }
-        lease = TensorLease{arg.data,
-                            static_cast<std::byte*>(base_) + tensor.offset,
-                            tensor.bytes,
-                            copies_back(arg.direction),
-                            ReleaseKind::BufferNoop,
-                            nullptr};
-        return {};
+        return detail::slice_lease(base_, mapped_, tensor, arg, lease, "vmm buffer", backend.name());
     }
 
     /// Unmaps and frees every chunk (last first), then releases the reservation.
