@@ -2,6 +2,7 @@
 """Renders Google Benchmark JSON from bench_staging into docs/performance.md and a gnuplot
 script for the bind-overhead plot. Every number comes from the JSON given."""
 import json
+import os
 import sys
 
 src, md_path, plot_base = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -83,11 +84,12 @@ if raw:
 w("\n## 3. Prefill with a growing sequence\n")
 w("64 steps, 128 → 8192 tokens in steps of 128, two activations sized by the length; one "
   "iteration is the whole sweep.\n")
-w("| growth policy | ms per sweep | regrows | peak device MB |")
-w("| --- | ---: | ---: | ---: |")
+prefill_table = ["| growth policy | ms per sweep | regrows | peak device MB |", "| --- | ---: | ---: | ---: |"]
 for name, b in rows.items():
     if name.startswith("prefill/"):
-        w(f"| {name.split('/', 1)[1]} | {ns(b) / 1e6:.2f} | {b.get('regrows', 0):.0f} | {b.get('peak_retained_MB', 0):.1f} |")
+        prefill_table.append(
+            f"| {name.split('/', 1)[1]} | {ns(b) / 1e6:.2f} | {b.get('regrows', 0):.0f} | {b.get('peak_retained_MB', 0):.1f} |")
+out.extend(prefill_table)
 
 w("\n### Step time against sequence length\n")
 w("Steady state at each length (one activation of tokens × 5120 bf16 and a KV slice of tokens × 1024 "
@@ -121,7 +123,16 @@ w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs, rewri
   "and the plot). Extra arguments go to Google Benchmark, e.g. `./dev bench --benchmark_filter=decode`.")
 open(md_path, "w").write("\n".join(out) + "\n")
 
-import os
+# docs/growth.md carries the same prefill table between markers.
+growth_path = os.path.join(os.path.dirname(md_path), "growth.md")
+begin, end = "<!-- prefill-table: written by bench/render.py -->", "<!-- /prefill-table -->"
+if os.path.exists(growth_path):
+    text = open(growth_path).read()
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+        table = "\n".join([f"Measured by `./dev bench` on {model}, {ctx.get('date', '?')}:", ""] + prefill_table)
+        open(growth_path, "w").write(head + begin + "\n" + table + "\n" + end + tail)
 
 docs = os.path.dirname(plot_base)
 
