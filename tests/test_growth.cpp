@@ -77,6 +77,13 @@ Result<StagedRun> bind_bytes(Stager<MockBackend>& stager, std::vector<std::byte>
     const TensorArg args[] = {{host.data(), bytes, Direction::In}};
     return stager.bind(args);
 }
+
+// One complete run of `bytes`, so the stager holds a retained buffer of that size.
+void run_bytes(Stager<MockBackend>& stager, std::vector<std::byte>& host, std::size_t bytes) {
+    auto run = bind_bytes(stager, host, bytes);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+}
 }  // namespace
 
 TEST_CASE("growth: a grow allocates the new buffer before freeing the old one when memory allows",
@@ -84,9 +91,7 @@ TEST_CASE("growth: a grow allocates the new buffer before freeing the old one wh
     MockBackend mock;
     Stager<MockBackend> stager(mock);
     std::vector<std::byte> host(8192);
-    auto first = bind_bytes(stager, host, 1024);
-    REQUIRE(first.ok());
-    REQUIRE(stager.finish(std::move(*first)).ok());
+    run_bytes(stager, host, 1024);
     mock.clear_journal();
     auto second = bind_bytes(stager, host, 8192);
     REQUIRE(second.ok());
@@ -104,9 +109,7 @@ TEST_CASE("growth: when both buffers do not fit, the old one is freed first and 
     MockBackend mock(MockConfig{.device_capacity = 12000});
     Stager<MockBackend> stager(mock);
     std::vector<std::byte> host(8192);
-    auto first = bind_bytes(stager, host, 3000);  // 3072 + 960 slack held
-    REQUIRE(first.ok());
-    REQUIRE(stager.finish(std::move(*first)).ok());
+    run_bytes(stager, host, 3000);                 // 3072 + 960 slack held
     auto second = bind_bytes(stager, host, 8192);  // 8192 + 960 does not fit beside it
     REQUIRE(second.ok());
     CHECK(stager.stats().grows_free_first == 1);
@@ -120,9 +123,7 @@ TEST_CASE("growth: fault injection on either grow attempt", "[growth][transactio
     MockBackend mock;
     Stager<MockBackend> stager(mock);
     std::vector<std::byte> host(8192);
-    auto first = bind_bytes(stager, host, 1024);
-    REQUIRE(first.ok());
-    REQUIRE(stager.finish(std::move(*first)).ok());
+    run_bytes(stager, host, 1024);
 
     SECTION("the first attempt fails: free first, retry succeeds") {
         mock.fail_call(MockOp::device_malloc, 2, Errc::out_of_memory);

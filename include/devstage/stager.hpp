@@ -139,30 +139,9 @@ public:
         if (slot.lease_storage.size() < args.size()) slot.lease_storage.resize(args.size());
         slot.lease_count = 0;
         slot.device_args.assign(args.begin(), args.end());
-        auto planned = slot.plan.tensors().begin();
-        for (std::size_t index = 0; index < args.size(); ++index) {
-            const TensorArg& arg = args[index];
-            TensorArg& device_arg = slot.device_args[index];
-            if (arg.bytes == 0) {
-                device_arg.data = nullptr;
-                device_arg.placement = Placement::Device;
-            } else if (arg.placement == Placement::Device) {
-                slot.lease_storage[slot.lease_count++] =
-                    TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
-            } else {
-                TensorLease& lease = slot.lease_storage[slot.lease_count];
-                if (Status acquired = slot.strategy.acquire(*backend_, *planned++, arg, lease, stats_); !acquired) {
-                    (void)release_leases(slot);
-                    return acquired;
-                }
-                ++slot.lease_count;
-                device_arg.data = lease.device;
-                device_arg.placement = Placement::Device;
-            }
-        }
-        if (Status uploaded = upload(slot, args); !uploaded) {
+        if (Status staged = stage(slot, args); !staged) {
             (void)release_leases(slot);
-            return uploaded;
+            return staged;
         }
         slot.live = true;
         ++stats_.runs;
@@ -263,27 +242,46 @@ private:
         bool live = false;
     };
 
-    Status upload(Slot& slot, std::span<const TensorArg> args) noexcept {
-        // Counters are summed locally and stored once: a store per tensor into stats_ would
-        // chain every iteration through memory.
+    // One pass over the args: a lease per staged or Device arg, the device view, and the
+    // upload of In/InOut args. On error the leases taken so far are in slot.leases(), for the
+    // caller to release. Counters are summed locally and stored once: a store per tensor into
+    // stats_ would chain every iteration through memory.
+    Status stage(Slot& slot, std::span<const TensorArg> args) noexcept {
         std::uint64_t skipped = 0, uploaded = 0;
         Status status;
-        auto lease = slot.leases().begin();
-        for (const PlannedTensor& tensor : slot.plan.tensors()) {
-            while (lease->release_kind == ReleaseKind::ExternalNoop) ++lease;
-            const TensorLease& staged = *lease++;
-            if (!uploads(args[tensor.arg_index].direction)) {
+        auto planned = slot.plan.tensors().begin();
+        for (std::size_t index = 0; index < args.size(); ++index) {
+            const TensorArg& arg = args[index];
+            TensorArg& device_arg = slot.device_args[index];
+            if (arg.bytes == 0) {
+                device_arg.data = nullptr;
+                device_arg.placement = Placement::Device;
+                continue;
+            }
+            if (arg.placement == Placement::Device) {
+                slot.lease_storage[slot.lease_count++] =
+                    TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
+                continue;
+            }
+            TensorLease& lease = slot.lease_storage[slot.lease_count];
+            if (Status acquired = slot.strategy.acquire(*backend_, *planned++, arg, lease, stats_); !acquired) {
+                status = std::move(acquired);
+                break;
+            }
+            ++slot.lease_count;
+            device_arg.data = lease.device;
+            device_arg.placement = Placement::Device;
+            if (!uploads(arg.direction)) {
                 ++skipped;
                 continue;
             }
-            Status copied = backend_->copy_to_device(staged.device, staged.host, staged.bytes);
-            if (!copied) {
-                status = Status(copied.code(), detail::message("stager bind: upload of arg ", tensor.arg_index, " (",
-                                                               staged.bytes, " bytes) failed on backend '",
-                                                               backend_->name(), "': ", copied.message()));
+            if (Status copied = backend_->copy_to_device(lease.device, lease.host, lease.bytes); !copied) {
+                status = Status(copied.code(), detail::message("stager bind: upload of arg ", index, " (", lease.bytes,
+                                                               " bytes) failed on backend '", backend_->name(),
+                                                               "': ", copied.message()));
                 break;
             }
-            uploaded += staged.bytes;
+            uploaded += lease.bytes;
         }
         stats_.uploads_skipped += skipped;
         stats_.bytes_to_device += uploaded;

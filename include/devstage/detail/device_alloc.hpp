@@ -34,7 +34,7 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     Result<void*> pointer = backend.device_malloc(*total);
     if (!pointer) {
         const Status& cause = pointer.status();
-        return Status(cause.code() == Errc::out_of_memory ? Errc::out_of_memory : cause.code(),
+        return Status(cause.code(),
                       message(what, " failed: required ", *total, " bytes (", usable, " + ", slack,
                               " alignment slack) from backend '", backend.name(), "': ", cause.message()));
     }

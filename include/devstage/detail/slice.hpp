@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string_view>
 
+#include "devstage/backend.hpp"
 #include "devstage/detail/align.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/lease.hpp"
@@ -15,15 +16,22 @@
 
 namespace devstage::detail {
 
+// The error of a slice outside the buffer, kept out of line: the per-tensor path stays small
+// enough to inline.
+[[gnu::cold]] [[gnu::noinline]] inline Status slice_miss(std::string_view what, const PlannedTensor& tensor,
+                                                         std::size_t capacity, std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument, message(what, " slice miss: offset ", tensor.offset, " + ", tensor.bytes,
+                                                  " bytes exceeds capacity ", capacity, " on backend '", backend, "'"));
+}
+
 /// Writes into `lease` the slice [base + offset, + bytes) of a buffer of `capacity` bytes.
 /// `what` and `backend` name the buffer in the error.
-inline Status slice_lease(void* base, std::size_t capacity, const PlannedTensor& tensor, const TensorArg& arg,
-                          TensorLease& lease, std::string_view what, std::string_view backend) noexcept {
+template <Backend B>
+Status slice_lease(void* base, std::size_t capacity, const PlannedTensor& tensor, const TensorArg& arg,
+                   TensorLease& lease, std::string_view what, const B& backend) noexcept {
     const auto end = add(tensor.offset, tensor.bytes);
-    if (base == nullptr || !end || *end > capacity) {
-        return Status(Errc::invalid_argument,
-                      message(what, " slice miss: offset ", tensor.offset, " + ", tensor.bytes,
-                              " bytes exceeds capacity ", capacity, " on backend '", backend, "'"));
+    if (base == nullptr || !end || *end > capacity) [[unlikely]] {
+        return slice_miss(what, tensor, capacity, backend.name());
     }
     lease = TensorLease{arg.data,
                         static_cast<std::byte*>(base) + tensor.offset,

@@ -107,7 +107,7 @@ public:
     template <Backend B>
     Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
                    StagerStats& /*stats*/) noexcept {
-        return detail::slice_lease(slot_.base, capacity_, tensor, arg, lease, "retained buffer", backend.name());
+        return detail::slice_lease(slot_.base, capacity_, tensor, arg, lease, "retained buffer", backend);
     }
 
     /// Gives the retained buffer back to the backend now. The slot is empty afterwards even if

@@ -103,7 +103,7 @@ public:
     template <Backend B>
     Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
                    StagerStats& /*stats*/) noexcept {
-        return detail::slice_lease(base_, mapped_, tensor, arg, lease, "vmm buffer", backend.name());
+        return detail::slice_lease(base_, mapped_, tensor, arg, lease, "vmm buffer", backend);
     }
 
     /// Unmaps and frees every chunk (last first), then releases the reservation.
