@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 #include "devstage/status.hpp"
 
@@ -38,6 +39,55 @@ struct FakeBackend {
         return Status(Errc::out_of_memory, "fake");
     }
     Status pinned_free(void*) noexcept requires(M != Missing::pinned_free) { return {}; }
+};
+
+/// Operations of AsyncBackend, for its negative tests.
+enum class MissingAsync {
+    nothing,
+    stream_type,
+    create_stream,
+    destroy_stream,
+    copy_to_device_async,
+    copy_from_device_async,
+    create_event,
+    destroy_event,
+    record_event,
+    event_ready,
+    synchronize_event,
+    stream_wait_event,
+    same_handles,  // Stream and Event are one type
+};
+
+struct FakeStream {
+    void* handle = nullptr;
+    friend bool operator==(FakeStream, FakeStream) = default;
+};
+struct FakeEvent {
+    void* handle = nullptr;
+};
+
+template <MissingAsync M>
+struct FakeAsyncBackend : FakeBackend<Missing::nothing> {
+    using Stream = std::conditional_t<M == MissingAsync::stream_type, void, FakeStream>;
+    using Event = std::conditional_t<M == MissingAsync::same_handles, FakeStream, FakeEvent>;
+    using S = std::conditional_t<M == MissingAsync::stream_type, FakeStream, Stream>;
+
+    Result<S> create_stream() noexcept requires(M != MissingAsync::create_stream) { return S{}; }
+    Status destroy_stream(S) noexcept requires(M != MissingAsync::destroy_stream) { return {}; }
+    Status copy_to_device_async(void*, const void*, std::size_t, S) noexcept
+        requires(M != MissingAsync::copy_to_device_async) {
+        return {};
+    }
+    Status copy_from_device_async(void*, const void*, std::size_t, S) noexcept
+        requires(M != MissingAsync::copy_from_device_async) {
+        return {};
+    }
+    Result<Event> create_event() noexcept requires(M != MissingAsync::create_event) { return Event{}; }
+    Status destroy_event(Event) noexcept requires(M != MissingAsync::destroy_event) { return {}; }
+    Status record_event(Event, S) noexcept requires(M != MissingAsync::record_event) { return {}; }
+    Result<bool> event_ready(Event) noexcept requires(M != MissingAsync::event_ready) { return true; }
+    Status synchronize_event(Event) noexcept requires(M != MissingAsync::synchronize_event) { return {}; }
+    Status stream_wait_event(S, Event) noexcept requires(M != MissingAsync::stream_wait_event) { return {}; }
 };
 
 }  // namespace devstage::test

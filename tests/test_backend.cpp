@@ -4,14 +4,18 @@
 
 #include <cstddef>
 #include <string_view>
+#include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/backends/mock.hpp"
 #include "devstage/backends/sim.hpp"
+#include "devstage/stream.hpp"
 #include "fake_backends.hpp"
 
+using devstage::test::FakeAsyncBackend;
 using devstage::test::FakeBackend;
 using devstage::test::Missing;
+using devstage::test::MissingAsync;
 
 TEST_CASE("backend: a complete fake models Backend and PinnedHostBackend", "[backend][concept]") {
     STATIC_REQUIRE(devstage::Backend<FakeBackend<Missing::nothing>>);
@@ -67,4 +71,70 @@ TEST_CASE("backend: the shipped backends model their capabilities", "[backend][c
     STATIC_REQUIRE(devstage::PinnedHostBackend<devstage::MockBackend>);
     STATIC_REQUIRE(devstage::MemsetBackend<devstage::MockBackend>);
     STATIC_REQUIRE(devstage::SynchronizingBackend<devstage::MockBackend>);
+}
+
+TEST_CASE("backend: a complete async fake models AsyncBackend", "[backend][concept][async]") {
+    STATIC_REQUIRE(devstage::AsyncBackend<FakeAsyncBackend<MissingAsync::nothing>>);
+    STATIC_REQUIRE_FALSE(devstage::AsyncBackend<FakeBackend<Missing::nothing>>);
+}
+
+TEST_CASE("backend: missing any one stream or event operation is rejected", "[backend][concept][async]") {
+    using devstage::AsyncBackend;
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::stream_type>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::create_stream>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::destroy_stream>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::copy_to_device_async>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::copy_from_device_async>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::create_event>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::destroy_event>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::record_event>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::event_ready>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::synchronize_event>>);
+    STATIC_REQUIRE_FALSE(AsyncBackend<FakeAsyncBackend<MissingAsync::stream_wait_event>>);
+}
+
+namespace {
+template <class B, class S, class E>
+concept waits_with = requires(B& b, S s, E e) { b.stream_wait_event(s, e); };
+template <class B, class E, class S>
+concept records_with = requires(B& b, E e, S s) { b.record_event(e, s); };
+}  // namespace
+
+TEST_CASE("backend: Stream and Event must be distinct types, so a swapped argument does not compile",
+          "[backend][concept][async]") {
+    STATIC_REQUIRE_FALSE(devstage::AsyncBackend<FakeAsyncBackend<MissingAsync::same_handles>>);
+    using Fake = FakeAsyncBackend<MissingAsync::nothing>;
+    using devstage::test::FakeEvent;
+    using devstage::test::FakeStream;
+    STATIC_REQUIRE(waits_with<Fake, FakeStream, FakeEvent>);
+    STATIC_REQUIRE_FALSE(waits_with<Fake, FakeEvent, FakeStream>);
+    STATIC_REQUIRE_FALSE(records_with<Fake, FakeStream, FakeStream>);
+}
+
+TEST_CASE("backend: SynchronousAdapter makes any Backend an AsyncBackend with an immediate stream",
+          "[backend][concept][async]") {
+    using Sync = FakeBackend<Missing::nothing>;
+    STATIC_REQUIRE(devstage::AsyncBackend<devstage::SynchronousAdapter<Sync>>);
+    STATIC_REQUIRE(std::is_same_v<devstage::stream_backend_t<Sync>, devstage::SynchronousAdapter<Sync>>);
+    using Async = FakeAsyncBackend<MissingAsync::nothing>;
+    STATIC_REQUIRE(std::is_same_v<devstage::stream_backend_t<Async>, Async>);
+    STATIC_REQUIRE(devstage::is_immediate_v<devstage::SynchronousAdapter<Sync>>);
+    devstage::MockBackend mock;
+    devstage::SynchronousAdapter<devstage::MockBackend> adapter(mock);
+    auto device = adapter.device_malloc(64);
+    REQUIRE(device.ok());
+    std::vector<std::byte> in(64, std::byte{7}), out(64);
+    auto stream = adapter.create_stream();
+    auto event = adapter.create_event();
+    REQUIRE(stream.ok());
+    REQUIRE(event.ok());
+    REQUIRE(adapter.copy_to_device_async(*device, in.data(), 64, *stream).ok());
+    REQUIRE(adapter.record_event(*event, *stream).ok());
+    CHECK(*adapter.event_ready(*event));
+    REQUIRE(adapter.copy_from_device_async(out.data(), *device, 64, *stream).ok());
+    CHECK(out == in);  // done when the call returned
+    CHECK(mock.calls(devstage::MockOp::copy_to_device) == 1);
+    CHECK(adapter.synchronize_event(*event).ok());
+    CHECK(adapter.stream_wait_event(*stream, *event).ok());
+    CHECK(adapter.device_free(*device).ok());
 }

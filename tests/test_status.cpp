@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "devstage/status.hpp"
 
@@ -66,4 +67,33 @@ TEST_CASE("errc: every code has a distinct name", "[status]") {
     CHECK(devstage::to_string(Errc::unknown_pointer) == "unknown_pointer");
     CHECK(devstage::to_string(Errc::library_not_found) == "library_not_found");
     CHECK(devstage::to_string(Errc::leaked) == "leaked");
+}
+
+namespace {
+struct Logger {
+    std::vector<std::string> lines;
+    void operator()(const devstage::Status& status) { lines.push_back(status.message()); }
+};
+void count_context(void* context, const devstage::Status&) noexcept { ++*static_cast<int*>(context); }
+}  // namespace
+
+TEST_CASE("status: an ErrorSink reaches a plain function, a function with context, or a callable object",
+          "[status][sink]") {
+    using devstage::ErrorSink;
+    const devstage::Status failure(devstage::Errc::backend_failure, "cleanup failed");
+    Logger logger;
+    const ErrorSink to_logger = ErrorSink::to(logger);
+    to_logger(failure);
+    REQUIRE(logger.lines.size() == 1);
+    CHECK(logger.lines[0] == "cleanup failed");
+    int count = 0;
+    const ErrorSink with_context(&count_context, &count);
+    with_context(failure);
+    with_context(failure);
+    CHECK(count == 2);
+    const ErrorSink null_function(static_cast<ErrorSink::Function>(nullptr));  // falls back to stderr
+    const ErrorSink null_context(static_cast<ErrorSink::ContextFunction>(nullptr), &count);
+    null_context(failure);  // stderr, not a null call
+    CHECK(count == 2);
+    (void)null_function;
 }

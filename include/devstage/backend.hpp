@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The Backend concept: what devstage needs from an accelerator runtime, and the optional
-/// capabilities it uses when present. Each required operation is its own named concept so a
+/// The Backend concept: what devstage needs from an accelerator runtime, its stream-ordered
+/// refinement AsyncBackend, and the optional capabilities it uses when present. Each required operation is its own named concept so a
 /// type that misses one is rejected with a diagnostic naming that operation.
 
 #include <bit>
@@ -73,6 +73,90 @@ concept pinned_free = requires(B& b, void* p) {
     noexcept->std::same_as<Status>;
 };
 
+/// `B::Stream` and `B::Event`: distinct, trivially copyable handle types; streams compare
+/// with `==`. Wrapping the runtime's raw handles in types of their own makes a swapped
+/// argument a compile error.
+template <class B>
+concept stream_and_event_types = requires {
+    typename B::Stream;
+    typename B::Event;
+    requires !std::same_as<typename B::Stream, typename B::Event>;
+    requires std::is_trivially_copyable_v<typename B::Stream>;
+    requires std::is_trivially_copyable_v<typename B::Event>;
+    requires std::equality_comparable<typename B::Stream>;
+};
+
+/// `b.create_stream()` noexcept -> Result<B::Stream>.
+template <class B>
+concept create_stream = requires(B& b) {
+    { b.create_stream() }
+    noexcept->std::same_as<Result<typename B::Stream>>;
+};
+
+/// `b.destroy_stream(s)` noexcept -> Status.
+template <class B>
+concept destroy_stream = requires(B& b, typename B::Stream s) {
+    { b.destroy_stream(s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.copy_to_device_async(device_dst, host_src, n, s)` noexcept -> Status: enqueued on `s`.
+template <class B>
+concept copy_to_device_async = requires(B& b, void* dst, const void* src, std::size_t n, typename B::Stream s) {
+    { b.copy_to_device_async(dst, src, n, s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.copy_from_device_async(host_dst, device_src, n, s)` noexcept -> Status: enqueued on `s`.
+template <class B>
+concept copy_from_device_async = requires(B& b, void* dst, const void* src, std::size_t n, typename B::Stream s) {
+    { b.copy_from_device_async(dst, src, n, s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.create_event()` noexcept -> Result<B::Event>; an event never recorded is ready.
+template <class B>
+concept create_event = requires(B& b) {
+    { b.create_event() }
+    noexcept->std::same_as<Result<typename B::Event>>;
+};
+
+/// `b.destroy_event(e)` noexcept -> Status.
+template <class B>
+concept destroy_event = requires(B& b, typename B::Event e) {
+    { b.destroy_event(e) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.record_event(e, s)` noexcept -> Status: `e` completes when `s` reaches this point.
+template <class B>
+concept record_event = requires(B& b, typename B::Event e, typename B::Stream s) {
+    { b.record_event(e, s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.event_ready(e)` noexcept -> Result<bool>: a query that never blocks.
+template <class B>
+concept event_ready = requires(B& b, typename B::Event e) {
+    { b.event_ready(e) }
+    noexcept->std::same_as<Result<bool>>;
+};
+
+/// `b.synchronize_event(e)` noexcept -> Status: the host blocks until `e` completed.
+template <class B>
+concept synchronize_event = requires(B& b, typename B::Event e) {
+    { b.synchronize_event(e) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.stream_wait_event(s, e)` noexcept -> Status: work enqueued on `s` afterwards waits for
+/// `e`; the host does not block.
+template <class B>
+concept stream_wait_event = requires(B& b, typename B::Stream s, typename B::Event e) {
+    { b.stream_wait_event(s, e) }
+    noexcept->std::same_as<Status>;
+};
+
 }  // namespace backend_requires
 
 /// An accelerator runtime devstage can stage tensors through.
@@ -85,6 +169,29 @@ concept Backend =
 /// A Backend that also provides page-locked host memory.
 template <class B>
 concept PinnedHostBackend = Backend<B> && backend_requires::pinned_malloc<B> && backend_requires::pinned_free<B>;
+
+/// A Backend with streams and events: copies are enqueued on a stream and complete in stream
+/// order; events mark a point of a stream, for the host to query or wait on, or for another
+/// stream to wait on. `static_assert(devstage::AsyncBackend<MyBackend>);`
+template <class B>
+concept AsyncBackend = Backend<B> && backend_requires::stream_and_event_types<B> &&
+    backend_requires::create_stream<B> && backend_requires::destroy_stream<B> &&
+    backend_requires::copy_to_device_async<B> && backend_requires::copy_from_device_async<B> &&
+    backend_requires::create_event<B> && backend_requires::destroy_event<B> && backend_requires::record_event<B> &&
+    backend_requires::event_ready<B> && backend_requires::synchronize_event<B> &&
+    backend_requires::stream_wait_event<B>;
+
+/// A host function run in stream order: `fn(user_data)` once all earlier work on the stream
+/// completed; later work on the stream waits for it to return.
+using HostFunction = void (*)(void* user_data);
+
+/// Optional: `b.launch_host_func(s, fn, user_data)` noexcept -> Status enqueues a HostFunction
+/// on stream `s` (cudaLaunchHostFunc). Tests and examples use it as a stand-in kernel.
+template <class B>
+concept HostFunctionBackend = AsyncBackend<B> && requires(B& b, typename B::Stream s, HostFunction fn, void* data) {
+    { b.launch_host_func(s, fn, data) }
+    noexcept->std::same_as<Status>;
+};
 
 /// Optional: `b.device_memset(dst, value, n)` noexcept -> Status.
 template <class B>

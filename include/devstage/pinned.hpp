@@ -343,7 +343,7 @@ private:
             return stats_;
         }
         void report(const Status& status) noexcept override { sink_(status); }
-        void set_sink(ErrorSink sink) noexcept { sink_ = sink != nullptr ? sink : &stderr_error_sink; }
+        void set_sink(ErrorSink sink) noexcept { sink_ = sink; }
         void close() noexcept {
             std::lock_guard lock(mutex_);
             closed_ = true;
@@ -426,7 +426,7 @@ private:
         PinnedStats stats_;
         std::uint64_t next_id_ = 0;
         bool closed_ = false;
-        ErrorSink sink_ = &stderr_error_sink;
+        ErrorSink sink_;
     };
 
     std::shared_ptr<Core> core_;

@@ -227,7 +227,7 @@ public:
     }
     B& backend() const noexcept { return *backend_; }
     /// Where failures with no caller to return to (a dropped run, the destructor) are reported.
-    void set_error_sink(ErrorSink sink) noexcept { sink_ = sink != nullptr ? sink : &stderr_error_sink; }
+    void set_error_sink(ErrorSink sink) noexcept { sink_ = sink; }
 
 private:
     struct Slot {
@@ -329,7 +329,7 @@ private:
     B* backend_;
     std::vector<Slot> slots_;
     StagerStats stats_;
-    ErrorSink sink_ = &stderr_error_sink;
+    ErrorSink sink_;
 };
 
 }  // namespace devstage

@@ -110,15 +110,53 @@ private:
     std::variant<T, Status> state_;
 };
 
-/// Where cleanup paths that cannot return a Status (destructors) report failures.
-/// Replaceable per object; the default writes one line to stderr.
-using ErrorSink = void (*)(const Status& status) noexcept;
-
-/// The default ErrorSink: `devstage: <errc>: <message>` on stderr.
+/// The default error sink: `devstage: <errc>: <message>` on stderr.
 inline void stderr_error_sink(const Status& status) noexcept {
     const std::string_view code = to_string(status.code());
     (void)std::fprintf(stderr, "devstage: %.*s: %s\n", static_cast<int>(code.size()), code.data(),
                        status.message().c_str());
 }
+
+/// Where cleanup paths that cannot return a Status (destructors, dropped runs) report
+/// failures. Replaceable per object; the default writes one line to stderr. Made from a plain
+/// function, from a function plus a context pointer, or from a callable object the caller
+/// keeps alive:
+/// `stager.set_error_sink(devstage::ErrorSink::to(my_logger));` (my_logger(status) is called)
+class ErrorSink {
+public:
+    using Function = void (*)(const Status& status) noexcept;
+    using ContextFunction = void (*)(void* context, const Status& status) noexcept;
+
+    /// Reports to stderr.
+    ErrorSink() noexcept = default;
+    /// Reports to `function`; a null function reports to stderr.
+    ErrorSink(Function function) noexcept  // NOLINT(google-explicit-constructor): any plain sink converts
+        : plain_(function != nullptr ? function : &stderr_error_sink) {}
+    /// Reports to `function(context, status)`; a null function reports to stderr.
+    ErrorSink(ContextFunction function, void* context) noexcept
+        : with_context_(function), context_(context), plain_(function != nullptr ? nullptr : &stderr_error_sink) {}
+
+    /// Reports to `callable(status)`. `callable` must outlive every object the sink is given to,
+    /// and must not throw (a throw from a report terminates, as from any noexcept function).
+    template <class F>
+    requires std::is_invocable_v<F&, const Status&>
+    static ErrorSink to(F& callable) noexcept {
+        return ErrorSink([](void* context, const Status& status) noexcept { (*static_cast<F*>(context))(status); },
+                         static_cast<void*>(&callable));
+    }
+
+    void operator()(const Status& status) const noexcept {
+        if (plain_ != nullptr) {
+            plain_(status);
+        } else {
+            with_context_(context_, status);
+        }
+    }
+
+private:
+    ContextFunction with_context_ = nullptr;
+    void* context_ = nullptr;
+    Function plain_ = &stderr_error_sink;
+};
 
 }  // namespace devstage

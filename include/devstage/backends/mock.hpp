@@ -64,7 +64,7 @@ struct MockConfig {
     std::size_t offset = 0;
     std::size_t device_capacity = std::numeric_limits<std::size_t>::max();
     bool journal = true;
-    ErrorSink sink = &stderr_error_sink;  ///< where the leak report goes on destruction
+    ErrorSink sink{};  ///< where the leak report goes on destruction
 
     static MockConfig adversarial() noexcept { return MockConfig{.offset = 64}; }
 };
@@ -122,7 +122,7 @@ public:
     /// Where the leak report goes on destruction.
     void set_error_sink(ErrorSink sink) noexcept {
         std::lock_guard lock(mutex_);
-        config_.sink = sink != nullptr ? sink : &stderr_error_sink;
+        config_.sink = sink;
     }
 
     // ---- fault injection --------------------------------------------------------------
