@@ -224,21 +224,24 @@ TEMPLATE_LIST_TEST_CASE("staging: RetainedBump grows, reuses and never shrinks",
     auto backend = devstage::test::make_backend<TestType>();
     Stager<TestType> stager(*backend);
     HostRun small = decode_like(9, 1), large = decode_like(10, 4);
+    // A backend that returns misaligned memory costs a retry per grow (freed, asked again larger).
+    const auto mallocs = [&] { return stager.stats().device_mallocs - stager.stats().alignment_retries; };
+    const auto frees = [&] { return stager.stats().device_frees - stager.stats().alignment_retries; };
     REQUIRE(run_once(stager, *backend, small).ok());
     CHECK(stager.stats().regrows == 1);
     const std::size_t first_capacity = stager.strategy().capacity();
     CHECK(first_capacity == 4096 + 1024 + 2048 + 1024);
     REQUIRE(run_once(stager, *backend, small).ok());  // same plan: no allocation
-    CHECK(stager.stats().device_mallocs == 1);
+    CHECK(mallocs() == 1);
     REQUIRE(run_once(stager, *backend, large).ok());  // larger: free old, malloc new
     CHECK(stager.stats().regrows == 2);
-    CHECK(stager.stats().device_mallocs == 2);
-    CHECK(stager.stats().device_frees == 1);
+    CHECK(mallocs() == 2);
+    CHECK(frees() == 1);
     const std::size_t grown = stager.strategy().capacity();
     CHECK(grown > first_capacity);
     REQUIRE(run_once(stager, *backend, small).ok());  // smaller: keeps the larger buffer
     CHECK(stager.strategy().capacity() == grown);
-    CHECK(stager.stats().device_mallocs == 2);
+    CHECK(mallocs() == 2);
     CHECK(stager.stats().high_water_bytes == grown);
     CHECK(stager.stats().runs == 4);
 }

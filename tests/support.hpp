@@ -11,6 +11,9 @@
 #include "devstage/backend.hpp"
 #include "devstage/backends/mock.hpp"
 #include "devstage/backends/sim.hpp"
+#include "devstage/plan.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/strategy/concept.hpp"
 
 namespace devstage::test {
 
@@ -70,6 +73,13 @@ inline std::vector<std::byte> pattern(std::size_t bytes, std::uint32_t seed) {
         b = static_cast<std::byte>(x);
     }
     return out;
+}
+
+/// Runs a strategy's prepare for a plan, as a Stager with no pending work would.
+template <class S, Backend B>
+Status prepare_for(S& strategy, B& backend, const StagingPlan& plan, StagerStats& stats) {
+    FreeQueue<B> queue(backend, stats, ErrorSink(&quiet_sink));
+    return strategy.prepare(backend, Requirement{plan.required_bytes(), plan.layout().packed_bytes}, stats, queue);
 }
 
 template <Backend B>

@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "devstage/backends/mock.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/strategy/growth.hpp"
+#include "support.hpp"
 
 using namespace devstage;
 
@@ -42,8 +44,16 @@ TEST_CASE("growth: policies compute their next capacity", "[growth]") {
     CHECK(*ExactGrowth{}.next_capacity(100, 150) == 150);
     CHECK(*GeometricGrowth<3, 2>{}.next_capacity(1000, 1100) == 1500);
     CHECK(*GeometricGrowth<3, 2>{}.next_capacity(1000, 4000) == 4000);
-    CHECK(*GeometricGrowth<2, 1>{}.next_capacity(static_cast<std::size_t>(-1) / 2 + 7, 10) ==
-          static_cast<std::size_t>(-1));
+    // A product past std::size_t is refused naming the sizes, not saturated to SIZE_MAX.
+    const auto huge = GeometricGrowth<2, 1>{}.next_capacity(static_cast<std::size_t>(-1) / 2 + 7, 10);
+    REQUIRE_FALSE(huge.ok());
+    CHECK(huge.status().code() == Errc::out_of_memory);
+    CHECK_THAT(huge.status().message(), Catch::Contains("9223372036854775814 bytes x 2/1") &&
+                                            Catch::Contains("plan requires 10 bytes"));
+    // Exact where a naive current * Num / Den would wrap: 3/2 of 2^63 fits in 64 bits.
+    constexpr std::size_t half = std::size_t{1} << 63;
+    CHECK(*GeometricGrowth<3, 2>{}.next_capacity(half, 10) == half + half / 2);
+    CHECK(*GeometricGrowth<3, 2>{}.next_capacity(1001, 10) == 1501);
     CHECK(*GranularGrowth<2 << 20>{}.next_capacity(0, 1) == 2 << 20);
     CHECK(*GranularGrowth<2 << 20>{}.next_capacity(0, (2 << 20) + 1) == 4 << 20);
     CHECK(GranularGrowth<4096>{}.next_capacity(0, static_cast<std::size_t>(-5)).status().code() ==
@@ -106,11 +116,11 @@ TEST_CASE("growth: a grow allocates the new buffer before freeing the old one wh
 
 TEST_CASE("growth: when both buffers do not fit, the old one is freed first and the grow retried",
           "[growth][transactional]") {
-    MockBackend mock(MockConfig{.device_capacity = 12000});
+    MockBackend mock(MockConfig{.device_capacity = 10000});
     Stager<MockBackend> stager(mock);
     std::vector<std::byte> host(8192);
-    run_bytes(stager, host, 3000);                 // 3072 + 960 slack held
-    auto second = bind_bytes(stager, host, 8192);  // 8192 + 960 does not fit beside it
+    run_bytes(stager, host, 3000);                 // 3072 held
+    auto second = bind_bytes(stager, host, 8192);  // 8192 does not fit beside it
     REQUIRE(second.ok());
     CHECK(stager.stats().grows_free_first == 1);
     CHECK(stager.stats().grows_allocate_first == 0);
@@ -149,4 +159,73 @@ TEST_CASE("growth: fault injection on either grow attempt", "[growth][transactio
         REQUIRE(stager.finish(std::move(*again)).ok());
     }
     CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("growth: when the grown target cannot be had, the grow falls back to exactly the plan",
+          "[growth][transactional]") {
+    // 85 MiB device, 60 MiB held, an 80 MiB plan: GeometricGrowth asks 90 MiB, which can never
+    // fit; 80 MiB does once the old buffer is gone. The run must succeed the first time.
+    constexpr std::size_t MiB = std::size_t{1} << 20;
+    MockBackend mock(MockConfig{.device_capacity = 85 * MiB});
+    using Geometric = RetainedBump<GeometricGrowth<3, 2>>;
+    Stager<MockBackend, Geometric> stager(mock);
+    std::vector<std::byte> host(80 * MiB);
+    const TensorArg first[] = {{host.data(), 60 * MiB, Direction::In}};
+    auto run = stager.bind(first);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    const TensorArg second[] = {{host.data(), 80 * MiB, Direction::In}};
+    auto grown = stager.bind(second);
+    REQUIRE(grown.ok());
+    CHECK(stager.strategy().capacity() == 80 * MiB);
+    CHECK(stager.stats().grows_exact_fallback == 1);
+    CHECK(stager.stats().grows_free_first == 1);
+    CHECK(stager.stats().grow_failures == 0);
+    REQUIRE(stager.finish(std::move(*grown)).ok());
+    CHECK(mock.live_device_allocations() == 1);
+}
+
+namespace {
+std::vector<std::string> sunk;
+void remember(const Status& status) noexcept { sunk.push_back(status.message()); }
+}  // namespace
+
+TEST_CASE("growth: a free that fails while a grow replaces the old buffer is counted and reported",
+          "[growth][transactional]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink});  // the refused free leaves a leak behind
+    Stager<MockBackend> stager(mock);
+    sunk.clear();
+    stager.set_error_sink(&remember);
+    std::vector<std::byte> host(8192);
+    run_bytes(stager, host, 1024);
+    mock.fail_call(MockOp::device_free, 1, Errc::backend_failure);
+    auto grown = bind_bytes(stager, host, 4096);
+    REQUIRE(grown.ok());  // the new buffer stands
+    CHECK(stager.stats().free_failures == 1);
+    REQUIRE(sunk.size() == 1);
+    CHECK_THAT(sunk[0], Catch::Contains("device_free") && Catch::Contains("injected") && Catch::Contains("mock"));
+    REQUIRE(stager.finish(std::move(*grown)).ok());
+}
+
+TEST_CASE("growth: GrowOrder::free_first frees the old buffer before allocating", "[growth][order]") {
+    MockBackend mock;
+    using FreeFirst = RetainedBump<ExactGrowth>;
+    Stager<MockBackend, FreeFirst> stager(mock, FreeFirst(ExactGrowth{}, GrowOrder::free_first));
+    std::vector<std::byte> host(8192);
+    const TensorArg small[] = {{host.data(), 1024, Direction::In}};
+    const TensorArg large[] = {{host.data(), 8192, Direction::In}};
+    auto run = stager.bind(small);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    mock.clear_journal();
+    run = stager.bind(large);
+    REQUIRE(run.ok());
+    const auto journal = mock.journal();
+    REQUIRE(journal.size() >= 2);
+    CHECK(journal[0].op == MockOp::device_free);
+    CHECK(journal[1].op == MockOp::device_malloc);
+    CHECK(stager.stats().grows_free_first == 1);
+    CHECK(stager.stats().grows_allocate_first == 0);
+    CHECK(stager.strategy().order() == GrowOrder::free_first);
+    REQUIRE(stager.finish(std::move(*run)).ok());
 }

@@ -7,6 +7,7 @@
 #include "devstage/backends/mock.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/strategy/per_tensor.hpp"
+#include "support.hpp"
 
 using namespace devstage;
 
@@ -18,7 +19,7 @@ TEST_CASE("per_tensor: leases are Free, aligned up, and freed through their allo
     const TensorArg args[] = {{host.data(), 1, Direction::In}, {host.data(), 3000, Direction::Out}};
     auto plan = StagingPlan::build(args, 1024);
     REQUIRE(plan.ok());
-    REQUIRE(strategy.prepare(mock, *plan, stats).ok());
+    REQUIRE(test::prepare_for(strategy, mock, *plan, stats).ok());
     CHECK(mock.total_calls() == 0);
     std::vector<TensorLease> leases;
     for (const PlannedTensor& tensor : plan->tensors()) {

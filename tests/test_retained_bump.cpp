@@ -32,11 +32,17 @@ TEST_CASE("retained_bump: slices are Alignment-aligned over a 64-aligned backend
     const auto args = args_of(host, {size, size, 7});
     auto plan = StagingPlan::build(args, RetainedBump<>::alignment);
     REQUIRE(plan.ok());
-    REQUIRE(strategy.prepare(mock, *plan, stats).ok());
+    REQUIRE(test::prepare_for(strategy, mock, *plan, stats).ok());
+    // The adversarial mock's pointers are 64- but never 1024-aligned: the exact request comes
+    // back misaligned, is freed, and is asked again with the slack to align the base.
     const auto journal = mock.journal();
-    REQUIRE(journal.size() == 1);
-    CHECK(journal[0].bytes == plan->required_bytes() + 1024 - 64);  // slack to align the base
-    CHECK(stats.retained_bytes == journal[0].bytes);
+    REQUIRE(journal.size() == 3);
+    CHECK(journal[0].op == MockOp::device_malloc);
+    CHECK(journal[0].bytes == plan->required_bytes());
+    CHECK(journal[1].op == MockOp::device_free);
+    CHECK(journal[2].bytes == plan->required_bytes() + 1024 - 64);
+    CHECK(stats.alignment_retries == 1);
+    CHECK(stats.retained_bytes == journal[2].bytes);
     CHECK(reinterpret_cast<std::uintptr_t>(strategy.base()) % 1024 == 0);
     for (const PlannedTensor& tensor : plan->tensors()) {
         TensorLease lease{};
@@ -62,7 +68,7 @@ TEST_CASE("retained_bump: a slice outside the buffer is an error, not undefined 
     CHECK_THAT(miss.message(), Catch::Contains("slice miss"));
     const TensorArg args[] = {arg};
     auto plan = StagingPlan::build(args, 1024);
-    REQUIRE(strategy.prepare(mock, *plan, stats).ok());
+    REQUIRE(test::prepare_for(strategy, mock, *plan, stats).ok());
     const Status beyond = strategy.acquire(mock, PlannedTensor{0, 1024, 64}, arg, lease, stats);
     CHECK(beyond.code() == Errc::invalid_argument);
     REQUIRE(strategy.release_retained(mock, stats).ok());
@@ -75,7 +81,7 @@ TEST_CASE("retained_bump: a growth policy below the requirement is refused befor
     std::vector<std::byte> host(64);
     const TensorArg args[] = {{host.data(), 64}};
     auto plan = StagingPlan::build(args, 1024);
-    const Status status = strategy.prepare(mock, *plan, stats);
+    const Status status = test::prepare_for(strategy, mock, *plan, stats);
     CHECK(status.code() == Errc::invalid_argument);
     CHECK(stats.grow_failures == 1);
     CHECK(mock.total_calls() == 0);
@@ -88,7 +94,7 @@ TEST_CASE("retained_bump: a backend breaking its alignment promise is caught", "
     std::vector<std::byte> host(64);
     const TensorArg args[] = {{host.data(), 64}};
     auto plan = StagingPlan::build(args, 1024);
-    const Status status = strategy.prepare(mock, *plan, stats);
+    const Status status = test::prepare_for(strategy, mock, *plan, stats);
     CHECK(status.code() == Errc::backend_failure);
     CHECK_THAT(status.message(), Catch::Contains("not aligned"));
     CHECK(mock.live_device_allocations() == 0);
@@ -102,7 +108,7 @@ TEST_CASE("retained_bump: copies carry the policy, moves carry the buffer", "[re
     std::vector<std::byte> host(64);
     const TensorArg args[] = {{host.data(), 64}};
     auto plan = StagingPlan::build(args, 1024);
-    REQUIRE(original.prepare(mock, *plan, stats).ok());
+    REQUIRE(test::prepare_for(original, mock, *plan, stats).ok());
     RetainedBump<> copy(original);
     CHECK(copy.capacity() == 0);
     RetainedBump<> moved(std::move(original));
@@ -110,4 +116,24 @@ TEST_CASE("retained_bump: copies carry the policy, moves carry the buffer", "[re
     CHECK(original.capacity() == 0);  // NOLINT(bugprone-use-after-move): the contract says so
     REQUIRE(moved.release_retained(mock, stats).ok());
     CHECK(mock.live_device_allocations() == 0);
+}
+
+TEST_CASE("retained_bump: the exact size is asked first; no slack when the pointer is aligned anyway",
+          "[retained_bump]") {
+    // MockBackend promises 64-byte alignment but returns page-aligned blocks by default, as
+    // real devices do: a 2048-byte buffer must cost 2048 bytes, not 2048 + 960.
+    MockBackend mock;
+    StagerStats stats;
+    RetainedBump<> strategy;
+    std::vector<std::byte> host(2048);
+    const TensorArg args[] = {{host.data(), 2048, Direction::In}};
+    auto plan = StagingPlan::build(args, 1024);
+    REQUIRE(test::prepare_for(strategy, mock, *plan, stats).ok());
+    const auto journal = mock.journal();
+    REQUIRE(journal.size() == 1);
+    CHECK(journal[0].bytes == 2048);
+    CHECK(stats.alignment_retries == 0);
+    CHECK(stats.retained_bytes == 2048);
+    CHECK(strategy.base() == journal[0].pointer);
+    REQUIRE(strategy.release_retained(mock, stats).ok());
 }

@@ -73,8 +73,8 @@ concept pinned_free = requires(B& b, void* p) {
     noexcept->std::same_as<Status>;
 };
 
-/// `B::Stream` and `B::Event`: distinct, trivially copyable handle types; streams compare
-/// with `==`. Wrapping the runtime's raw handles in types of their own makes a swapped
+/// `B::Stream` and `B::Event`: distinct, trivially copyable, default-constructible handle
+/// types; streams compare with `==`. Wrapping the runtime's raw handles in types of their own makes a swapped
 /// argument a compile error.
 template <class B>
 concept stream_and_event_types = requires {
@@ -83,6 +83,8 @@ concept stream_and_event_types = requires {
     requires !std::same_as<typename B::Stream, typename B::Event>;
     requires std::is_trivially_copyable_v<typename B::Stream>;
     requires std::is_trivially_copyable_v<typename B::Event>;
+    requires std::default_initializable<typename B::Stream>;
+    requires std::default_initializable<typename B::Event>;
     requires std::equality_comparable<typename B::Stream>;
 };
 

@@ -4,13 +4,18 @@
 /// Umbrella header: every public devstage facility (backends are included separately).
 
 #include "devstage/backend.hpp"
+#include "devstage/completion.hpp"
+#include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/pinned.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/stream.hpp"
+#include "devstage/strategy/concept.hpp"
 #include "devstage/strategy/growth.hpp"
+#include "devstage/strategy/packing.hpp"
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
 #include "devstage/strategy/retained_vmm.hpp"

@@ -1,98 +1,247 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// StagingPlan: which args of a run are staged, where each lands in a packed buffer, and how
-/// many bytes the run needs in all.
+/// StagingPlan: which args of a run are staged, where each lands in the run's device buffer,
+/// and how many bytes the run needs in all. The one predicate that decides how an arg is
+/// treated (`detail::check_arg`) and the one layout rule (`detail::PlanPass`) live here; the
+/// Stager's staging pass uses the same two, so plan and staging can never disagree.
 
+#include <array>
+#include <bit>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <new>
 #include <span>
+#include <string>
 #include <vector>
 
-#include <range/v3/view/enumerate.hpp>
-#include <range/v3/view/filter.hpp>
-
-#include "devstage/detail/align.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/status.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
 
-/// One staged arg: its index in the run's arg list and its packed place.
+/// Where a staged arg lives in the layout: packed small args grouped by direction, then the
+/// args moved directly (all of them without packing).
+enum class PackGroup : std::uint8_t { in, in_out, out, direct };
+
+/// One staged arg: its index in the run's arg list and its place in the buffer.
 struct PlannedTensor {
     std::size_t arg_index;
     std::size_t offset;  ///< from the buffer's aligned base; a multiple of the plan's alignment
     std::size_t bytes;
+    Direction direction = Direction::InOut;
+    PackGroup group = PackGroup::direct;
 };
 
-/// The packed layout of a run's staged args at one alignment.
+/// The regions of a run's buffer. Packed args come first, In then InOut then Out, so one copy
+/// uploads [0, upload_end) and one copy brings back [copy_back_begin, copy_back_end); direct
+/// args follow from `base[direct]`.
+struct StagingLayout {
+    std::size_t required_bytes = 0;  ///< every staged arg, aligned
+    std::size_t packed_bytes = 0;    ///< the packed region is [0, packed_bytes)
+    std::size_t upload_end = 0;      ///< end of the last packed In/InOut arg (0: nothing packed to upload)
+    std::size_t copy_back_begin = 0;
+    std::size_t copy_back_end = 0;  ///< equal to copy_back_begin when nothing packed comes back
+    std::array<std::size_t, 4> base{};  ///< start of each PackGroup
+};
+
+namespace detail {
+
+/// How one arg is treated, or why it is refused.
+enum class ArgCheck : std::uint8_t { skipped, external, staged, bad_placement, bad_direction, null_data };
+
+/// The one predicate: zero bytes are skipped (any placement), Device args pass through, Host
+/// args with bytes are staged; an enumerator outside the enum or a null host pointer with
+/// bytes is refused.
+constexpr ArgCheck check_arg(const TensorArg& arg) noexcept {
+    if (static_cast<std::uint8_t>(arg.placement) > static_cast<std::uint8_t>(Placement::Device)) {
+        return ArgCheck::bad_placement;
+    }
+    if (static_cast<std::uint8_t>(arg.direction) > static_cast<std::uint8_t>(Direction::InOut)) {
+        return ArgCheck::bad_direction;
+    }
+    if (arg.bytes == 0) return ArgCheck::skipped;
+    if (arg.placement == Placement::Device) return ArgCheck::external;
+    if (arg.data == nullptr) return ArgCheck::null_data;
+    return ArgCheck::staged;
+}
+
+/// The packing group of a staged arg: small args (at most `pack_limit` bytes) by direction.
+constexpr PackGroup group_of(const TensorArg& arg, std::size_t pack_limit) noexcept {
+    if (arg.bytes > pack_limit) return PackGroup::direct;
+    if (arg.direction == Direction::In) return PackGroup::in;
+    return arg.direction == Direction::InOut ? PackGroup::in_out : PackGroup::out;
+}
+
+[[gnu::cold]] [[gnu::noinline]] inline Status plan_failure(ArgCheck check, std::size_t index, const TensorArg& arg,
+                                                           std::size_t before, std::size_t alignment) noexcept {
+    switch (check) {
+        case ArgCheck::bad_placement:
+            return Status(Errc::invalid_argument,
+                          message("staging plan: arg ", index, " has placement ",
+                                  static_cast<unsigned>(arg.placement), ", neither Host (0) nor Device (1)"));
+        case ArgCheck::bad_direction:
+            return Status(Errc::invalid_argument,
+                          message("staging plan: arg ", index, " has direction ", static_cast<unsigned>(arg.direction),
+                                  ", none of In (0), Out (1), InOut (2)"));
+        case ArgCheck::null_data:
+            return Status(Errc::invalid_argument,
+                          message("staging plan: arg ", index, " has a null host pointer with ", arg.bytes, " bytes"));
+        default:
+            return Status(Errc::invalid_argument, message("staging plan: total size overflows at arg ", index, " (",
+                                                          arg.bytes, " bytes after ", before, " bytes, alignment ",
+                                                          alignment, ")"));
+    }
+}
+
+[[gnu::cold]] [[gnu::noinline]] inline Status bad_alignment(std::size_t alignment) noexcept {
+    return Status(Errc::invalid_argument,
+                  message("staging plan: alignment ", alignment, " is not a power of two (it must be 1, 2, 4, ...)"));
+}
+
+/// One pass over a run's args: validates each with check_arg, and bumps each staged arg into
+/// its group at `alignment`. `visit(index, arg, group, offset_in_group)` is called per staged
+/// arg; `finish()` then turns the group sizes into a StagingLayout.
+struct PlanPass {
+    std::array<std::size_t, 4> size{};      ///< aligned bytes per group
+    std::array<std::size_t, 4> last_end{};  ///< offset in group + bytes of the group's last arg
+
+    template <class Visit>
+    Status run(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit,
+               Visit&& visit) noexcept {
+        const std::size_t mask = alignment - 1;
+        constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+        for (std::size_t index = 0; index < args.size(); ++index) {
+            const TensorArg& arg = args[index];
+            const ArgCheck check = check_arg(arg);
+            if (check != ArgCheck::staged) [[unlikely]] {
+                if (check == ArgCheck::skipped || check == ArgCheck::external) continue;
+                return plan_failure(check, index, arg, 0, alignment);
+            }
+            const auto group = static_cast<std::size_t>(group_of(arg, pack_limit));
+            const std::size_t offset = size[group];
+            if (arg.bytes > max - mask || offset > max - ((arg.bytes + mask) & ~mask)) [[unlikely]] {
+                return plan_failure(ArgCheck::staged, index, arg, offset, alignment);
+            }
+            size[group] = offset + ((arg.bytes + mask) & ~mask);
+            last_end[group] = offset + arg.bytes;
+            visit(index, arg, static_cast<PackGroup>(group), offset);
+        }
+        return {};
+    }
+
+    /// The layout of the groups summed by run(); invalid_argument when they do not fit in
+    /// std::size_t together.
+    Result<StagingLayout> finish() const noexcept {
+        constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+        StagingLayout layout;
+        layout.base[0] = 0;
+        std::size_t end = 0;
+        for (std::size_t group = 0; group < 4; ++group) {
+            layout.base[group] = end;
+            if (end > max - size[group]) {
+                return Status(Errc::invalid_argument,
+                              message("staging plan: total size overflows (", end, " + ", size[group], " bytes)"));
+            }
+            end += size[group];
+        }
+        layout.required_bytes = end;
+        layout.packed_bytes = layout.base[3];
+        const auto in = static_cast<std::size_t>(PackGroup::in);
+        const auto in_out = static_cast<std::size_t>(PackGroup::in_out);
+        const auto out = static_cast<std::size_t>(PackGroup::out);
+        layout.upload_end = size[in_out] != 0 ? layout.base[in_out] + last_end[in_out] : last_end[in];
+        layout.copy_back_begin = size[in_out] != 0 ? layout.base[in_out] : layout.base[out];
+        layout.copy_back_end = size[out] != 0      ? layout.base[out] + last_end[out]
+                               : size[in_out] != 0 ? layout.base[in_out] + last_end[in_out]
+                                                   : layout.copy_back_begin;
+        return layout;
+    }
+};
+
+}  // namespace detail
+
+/// The layout of a run's staged args at one alignment, small args optionally packed.
 /// `auto plan = StagingPlan::build(args, 1024); if (plan) use(plan->required_bytes());`
 ///
-/// Staged: Placement::Host args with bytes > 0. Each takes `align_up(bytes, alignment)` bytes,
-/// so `required_bytes()` is the prefix sum of the aligned sizes. Placement::Device and
-/// zero-byte args are not staged. A null host pointer with bytes > 0, and a total that does
-/// not fit in std::size_t, are invalid_argument.
+/// Staged: Placement::Host args with bytes > 0. Each takes `align_up(bytes, alignment)` bytes.
+/// Without packing (`pack_limit` 0) they are laid out in input order from offset 0, so
+/// `required_bytes()` is the prefix sum of the aligned sizes. With a `pack_limit`, args of at
+/// most that many bytes come first, grouped In, InOut, Out (see StagingLayout), then the rest in
+/// input order. Placement::Device and zero-byte args are not staged. A null host pointer with
+/// bytes > 0, a placement or direction outside its enum, an alignment that is not a power of
+/// two, and a total that does not fit in std::size_t are invalid_argument.
 class StagingPlan {
 public:
     StagingPlan() = default;
 
-    /// Contract: `alignment` is a power of two.
-    static Result<StagingPlan> build(std::span<const TensorArg> args, std::size_t alignment) noexcept {
+    static Result<StagingPlan> build(std::span<const TensorArg> args, std::size_t alignment,
+                                     std::size_t pack_limit = 0) noexcept {
         StagingPlan plan;
-        if (Status status = plan.assign(args, alignment); !status) return status;
+        if (Status status = plan.assign(args, alignment, pack_limit); !status) return status;
         return plan;
     }
 
     /// Rebuilds this plan in place, reusing its storage (no host allocation once the arg count
     /// has settled). On error the plan is left empty.
-    Status assign(std::span<const TensorArg> args, std::size_t alignment) noexcept {
-        // The storage only grows: writing into it by index keeps the per-run path free of
-        // push_back bookkeeping.
-        if (tensors_.size() < args.size()) tensors_.resize(args.size());
-        count_ = 0;
-        required_ = 0;
-        alignment_ = alignment;
-        auto staged = args | ranges::views::enumerate | ranges::views::filter([](const auto& indexed) {
-                          const TensorArg& arg = indexed.second;
-                          return arg.placement == Placement::Host && arg.bytes > 0;
-                      });
-        std::size_t end = 0;
-        for (const auto& [index, arg] : staged) {
-            if (arg.data == nullptr) {
-                return fail(detail::message("staging plan: arg ", index, " has a null host pointer with ", arg.bytes,
-                                            " bytes"));
-            }
-            const auto aligned = detail::align_up(arg.bytes, alignment);
-            const auto next = aligned ? detail::add(end, *aligned) : std::nullopt;
-            if (!next) {
-                return fail(detail::message("staging plan: total size overflows at arg ", index, " (", arg.bytes,
-                                            " bytes after ", end, " bytes, alignment ", alignment, ")"));
-            }
-            tensors_[count_++] = PlannedTensor{static_cast<std::size_t>(index), end, arg.bytes};
-            end = *next;
+    Status assign(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit = 0) noexcept {
+        clear();
+        if (!std::has_single_bit(alignment)) return detail::bad_alignment(alignment);
+        if (Status grown = reserve(args.size()); !grown) return grown;
+        detail::PlanPass pass;
+        Status status =
+            pass.run(args, alignment, pack_limit, [this](std::size_t index, const TensorArg& arg, PackGroup group,
+                                                         std::size_t offset) {
+                tensors_[count_++] = PlannedTensor{index, offset, arg.bytes, arg.direction, group};
+            });
+        Result<StagingLayout> layout = status.ok() ? pass.finish() : Result<StagingLayout>(status);
+        if (!layout) {
+            clear();
+            return layout.status();
         }
-        // Null host pointers of zero-byte or device args are fine; a null Device arg with bytes
-        // is the caller's business, passed through as given.
-        required_ = end;
+        layout_ = *layout;
+        alignment_ = alignment;
+        for (PlannedTensor& tensor : planned()) tensor.offset += layout_.base[static_cast<std::size_t>(tensor.group)];
         return {};
     }
 
     /// The staged args, in input order.
     std::span<const PlannedTensor> tensors() const noexcept { return {tensors_.data(), count_}; }
     /// Bytes a buffer aligned to `alignment()` must hold for this run.
-    std::size_t required_bytes() const noexcept { return required_; }
+    std::size_t required_bytes() const noexcept { return layout_.required_bytes; }
+    const StagingLayout& layout() const noexcept { return layout_; }
     std::size_t alignment() const noexcept { return alignment_; }
 
 private:
-    Status fail(std::string message) noexcept {
+    std::span<PlannedTensor> planned() noexcept { return {tensors_.data(), count_}; }
+
+    void clear() noexcept {
         count_ = 0;
-        required_ = 0;
-        return Status(Errc::invalid_argument, std::move(message));
+        layout_ = {};
+    }
+
+    // The storage only grows: writing into it by index keeps the per-run path free of
+    // push_back bookkeeping.
+    Status reserve(std::size_t count) noexcept {
+        if (tensors_.size() >= count) return {};
+#if defined(__cpp_exceptions)
+        try {
+            tensors_.resize(count);
+        } catch (const std::bad_alloc&) {
+            return Status(Errc::out_of_memory, detail::message("staging plan: host memory for ", count,
+                                                               " planned tensors could not be allocated"));
+        }
+#else
+        tensors_.resize(count);
+#endif
+        return {};
     }
 
     std::vector<PlannedTensor> tensors_;
     std::size_t count_ = 0;
-    std::size_t required_ = 0;
+    StagingLayout layout_;
     std::size_t alignment_ = 1;
 };
 

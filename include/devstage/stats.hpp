@@ -15,13 +15,25 @@ struct StagerStats {
     std::uint64_t regrows = 0;               ///< allocations of a retained buffer, the first included
     std::uint64_t grow_failures = 0;         ///< grows that ended without a buffer big enough
     std::uint64_t grows_allocate_first = 0;  ///< regrows that allocated the new buffer before freeing the old
-    std::uint64_t grows_free_first = 0;      ///< regrows that had to free the old buffer first (memory was short)
+    std::uint64_t grows_free_first = 0;      ///< regrows that freed the old buffer first (GrowOrder or short memory)
+    std::uint64_t grows_exact_fallback = 0;  ///< grows that fell back to exactly the plan's bytes
+    std::uint64_t alignment_retries = 0;     ///< allocations freed and retried larger because they came back misaligned
+    std::uint64_t address_changes = 0;       ///< times a slot's base moved (a slot's first allocation excluded)
     std::uint64_t device_mallocs = 0;        ///< successful device_malloc calls
     std::uint64_t device_frees = 0;          ///< device_free calls (failed ones included)
+    std::uint64_t free_failures = 0;         ///< device_free calls that failed (also reported to the sink or caller)
+    std::uint64_t deferred_frees = 0;        ///< frees postponed until the slot's pending stream work completed
     std::uint64_t retained_bytes = 0;        ///< held from the backend now, alignment slack included
+    std::uint64_t mirror_bytes = 0;          ///< pinned host mirror held now (packed staging)
     std::uint64_t high_water_bytes = 0;      ///< largest plan's required bytes
     std::uint64_t bytes_to_device = 0;
     std::uint64_t bytes_from_device = 0;
+    std::uint64_t uploads = 0;             ///< copy calls to the device (a packed upload counts once)
+    std::uint64_t copy_backs = 0;          ///< copy calls from the device (a packed copy-back counts once)
+    std::uint64_t async_uploads = 0;       ///< uploads enqueued on a stream (not an immediate one)
+    std::uint64_t async_copy_backs = 0;    ///< copy-backs enqueued on a stream (not an immediate one)
+    std::uint64_t packed_args = 0;         ///< staged args moved inside a packed copy
+    std::uint64_t host_waits = 0;          ///< times the host blocked on a device event
     std::uint64_t uploads_skipped = 0;     ///< staged Out args (nothing to upload)
     std::uint64_t copy_backs_skipped = 0;  ///< staged In args, and every staged arg of a failed execution
 };

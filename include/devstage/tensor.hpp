@@ -23,11 +23,27 @@ enum class Placement : std::uint8_t {
 
 /// One argument of a run. `TensorArg{logits.data(), logits.size() * 4, Direction::Out}`
 /// Contract: `bytes > 0` requires `data != nullptr`; zero-byte args stage as a null pointer.
+/// `direction` and `placement` must hold one of their enumerators (a bind refuses any other
+/// value with invalid_argument).
 struct TensorArg {
     void* data;
     std::size_t bytes;
     Direction direction = Direction::InOut;
     Placement placement = Placement::Host;
+
+    /// An input from read-only memory (a `const` vector, a string literal): In args are never
+    /// written, so the const is shed safely. `TensorArg::in(tokens.data(), tokens.size() * 4)`
+    static constexpr TensorArg in(const void* data, std::size_t bytes) noexcept {
+        return TensorArg{const_cast<void*>(data), bytes, Direction::In, Placement::Host};  // NOLINT: never written
+    }
+    /// An output, copied back after a successful run.
+    static constexpr TensorArg out(void* data, std::size_t bytes) noexcept {
+        return TensorArg{data, bytes, Direction::Out, Placement::Host};
+    }
+    /// State read and written by the run (a KV cache).
+    static constexpr TensorArg in_out(void* data, std::size_t bytes) noexcept {
+        return TensorArg{data, bytes, Direction::InOut, Placement::Host};
+    }
 };
 
 /// True when the data must be uploaded before the run.

@@ -49,4 +49,30 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     return AlignedAllocation{*pointer, align_pointer(*pointer, Alignment), *total};
 }
 
+/// Allocates at least `usable` bytes whose start is aligned to `Alignment`, asking for exactly
+/// `usable` first: real devices align far better than they promise, so the slack of
+/// allocate_aligned is only paid (free, then allocate with slack; StagerStats::alignment_retries)
+/// when the exact allocation comes back misaligned.
+template <std::size_t Alignment, Backend B>
+Result<AlignedAllocation> allocate_exact_first(B& backend, std::size_t usable, std::string_view what,
+                                               StagerStats& stats) noexcept {
+    if constexpr (alignment_slack(B::device_alignment, Alignment) == 0) {
+        return allocate_aligned<Alignment>(backend, usable, what, stats);
+    } else {
+        Result<AlignedAllocation> exact = allocate_aligned<1>(backend, usable, what, stats);
+        if (!exact || is_aligned(exact->allocation, Alignment)) {
+            if (exact) exact->base = exact->allocation;
+            return exact;
+        }
+        ++stats.alignment_retries;
+        ++stats.device_frees;
+        if (Status freed = backend.device_free(exact->allocation); !freed) {
+            ++stats.free_failures;
+            return Status(freed.code(), message(what, ": freeing a misaligned allocation of ", usable,
+                                                " bytes failed on backend '", backend.name(), "': ", freed.message()));
+        }
+        return allocate_aligned<Alignment>(backend, usable, what, stats);
+    }
+}
+
 }  // namespace devstage::detail

@@ -29,14 +29,22 @@ struct ExactGrowth {
 };
 
 /// Grows to max(required, current * Num / Den): a sequence that keeps growing (prefill)
-/// regrows O(log) times instead of every step, at the cost of up to Num/Den slack.
+/// regrows O(log) times instead of every step, at the cost of up to Num/Den slack. The product
+/// is computed without overflow; a target beyond std::size_t is out_of_memory naming the sizes.
 /// `RetainedBump<GeometricGrowth<3, 2>>`
 template <std::size_t Num, std::size_t Den>
 struct GeometricGrowth {
     static_assert(Den > 0 && Num > Den, "GeometricGrowth needs a factor above 1");
     Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept {
         constexpr std::size_t max = static_cast<std::size_t>(-1);
-        const std::size_t scaled = current > max / Num ? max : current * Num / Den;
+        // current * Num / Den == (current / Den) * Num + (current % Den) * Num / Den, exactly.
+        const std::size_t whole = current / Den, rest = current % Den;
+        if (whole > max / Num || rest > max / Num || whole * Num > max - rest * Num / Den) {
+            return Status(Errc::out_of_memory,
+                          detail::message("geometric growth: ", current, " bytes x ", Num, "/", Den,
+                                          " does not fit in size_t (plan requires ", required, " bytes)"));
+        }
+        const std::size_t scaled = whole * Num + rest * Num / Den;
         return scaled > required ? scaled : required;
     }
 };

@@ -12,13 +12,16 @@
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/strategy/concept.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
 
 /// Temporary-buffer strategy without retained memory. `Stager<SimBackend, PerTensorMalloc<>> s(sim);`
 /// Each staged arg gets its own device_malloc (over-allocated and aligned up to `Alignment`
-/// when the backend guarantees less); leases are ReleaseKind::Free with `allocation` set.
+/// when the backend guarantees less); leases are ReleaseKind::Free with `allocation` set. The
+/// Stager frees them when the run ends, through its FreeQueue: after the run's stream work
+/// completed.
 template <std::size_t Alignment = 1024>
 class PerTensorMalloc {
     static_assert(Alignment > 0 && (Alignment & (Alignment - 1)) == 0, "Alignment must be a power of two");
@@ -28,7 +31,8 @@ public:
     static constexpr ReleaseKind lease_kind = ReleaseKind::Free;
 
     template <Backend B>
-    Status prepare(B& /*backend*/, const StagingPlan& /*plan*/, StagerStats& /*stats*/) noexcept {
+    Status prepare(B& /*backend*/, const Requirement& /*need*/, StagerStats& /*stats*/,
+                   FreeQueue<B>& /*queue*/) noexcept {
         return {};
     }
 
@@ -52,7 +56,7 @@ public:
 
     /// No memory is retained across runs.
     std::size_t capacity() const noexcept { return 0; }
-    const void* base() const noexcept { return nullptr; }
+    void* base() const noexcept { return nullptr; }
 };
 
 }  // namespace devstage

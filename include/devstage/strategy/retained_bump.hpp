@@ -3,9 +3,12 @@
 /// \file
 /// RetainedBump: one device buffer kept across runs, sized from each run's plan, grown only
 /// when too small, never shrunk, bump-sliced per tensor. Once shapes settle a run makes no
-/// device allocation at all.
+/// device allocation at all. With PackSmall, a pinned host mirror of the buffer lets a run's
+/// small args move with one copy each way.
 
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "devstage/backend.hpp"
@@ -16,89 +19,84 @@
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/strategy/concept.hpp"
 #include "devstage/strategy/growth.hpp"
+#include "devstage/strategy/packing.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
 
+/// The order of a grow. `allocate_first` keeps the old buffer until the new one exists (the
+/// grow is transactional where memory allows; the device briefly holds both). `free_first`
+/// frees the old buffer before allocating (the least peak memory: for a device near full).
+enum class GrowOrder : std::uint8_t { allocate_first, free_first };
+
+/// A retained device buffer handed between a stager and another owner (Stager::adopt and
+/// Stager::detach): what device_free takes, the aligned base, and the usable bytes from it.
+struct RetainedBuffer {
+    void* allocation = nullptr;
+    void* base = nullptr;
+    std::size_t bytes = 0;
+};
+
 /// Temporary-buffer strategy with one retained slot. `Stager<SimBackend, RetainedBump<>> s(sim);`
 ///
-/// Per run: when the plan requires more than the slot holds, grow (no data kept: the buffer
-/// is per-run scratch). The grow is transactional where memory allows: the new buffer is
-/// allocated first and the old one freed after; when that allocation fails, the old buffer is
-/// freed first and the allocation retried. If the retry fails too, the slot is left empty and
-/// the run fails with out_of_memory naming the bytes. StagerStats::grows_allocate_first and
-/// grows_free_first say which order each grow took. Slices start at
-/// multiples of `Alignment` from a base aligned to `Alignment`, over-allocating when the
-/// backend guarantees less. Leases are ReleaseKind::BufferNoop.
+/// Per run: when the plan requires more than the slot holds, grow (no data kept: the buffer is
+/// per-run scratch) to what the Growth policy answers, or to exactly the requirement when that
+/// cannot be had (StagerStats::grows_exact_fallback). GrowOrder::allocate_first (default)
+/// allocates the new buffer first and frees the old one after; when that fails it frees the
+/// old one first and retries. GrowOrder::free_first always frees first. If every attempt fails
+/// the slot is left empty and the run fails with out_of_memory naming the bytes. The old
+/// buffer goes back through the FreeQueue, so pending stream work never loses it; a free that
+/// fails is counted (free_failures) and reported to the queue's sink, and the grow stands.
+/// Slices start at multiples of `Alignment` from a base aligned to `Alignment`: the exact size
+/// is asked for first, and over-allocated only when the backend's pointer is not aligned
+/// (StagerStats::alignment_retries). Leases are ReleaseKind::BufferNoop.
 ///
 /// Copying a RetainedBump copies its policy, not its buffer: the copy starts empty. Moving
 /// transfers the buffer. The owner (a Stager) gives the buffer back with release_retained().
-template <GrowthPolicy Growth = ExactGrowth, std::size_t Alignment = 1024>
+template <GrowthPolicy Growth = ExactGrowth, std::size_t Alignment = 1024, PackingPolicy Packing = NoPacking>
 class RetainedBump {
     static_assert(Alignment > 0 && (Alignment & (Alignment - 1)) == 0, "Alignment must be a power of two");
+    static constexpr bool packs = Packing::limit > 0;
+    struct NoMirror {};
 
 public:
     static constexpr std::size_t alignment = Alignment;
     static constexpr ReleaseKind lease_kind = ReleaseKind::BufferNoop;
+    using packing = Packing;
 
     RetainedBump() noexcept = default;
-    explicit RetainedBump(Growth growth) noexcept : growth_(std::move(growth)) {}
-    RetainedBump(const RetainedBump& other) noexcept : growth_(other.growth_) {}
+    explicit RetainedBump(Growth growth, GrowOrder order = GrowOrder::allocate_first) noexcept
+        : growth_(std::move(growth)), order_(order) {}
+    RetainedBump(const RetainedBump& other) noexcept : growth_(other.growth_), order_(other.order_) {}
     RetainedBump(RetainedBump&& other) noexcept
         : growth_(std::move(other.growth_)),
+          order_(other.order_),
           slot_(std::exchange(other.slot_, {})),
-          capacity_(std::exchange(other.capacity_, 0)) {}
+          capacity_(std::exchange(other.capacity_, 0)),
+          mirror_(std::move(other.mirror_)) {}
     RetainedBump& operator=(const RetainedBump&) = delete;
     RetainedBump& operator=(RetainedBump&&) = delete;
     ~RetainedBump() = default;  // the owner releases or abandons the buffer first
 
-    /// Makes the slot hold at least `plan.required_bytes()`.
+    /// Makes the slot hold at least `need.device_bytes` (and, packing, a mirror of at least
+    /// `need.mirror_bytes`).
     template <Backend B>
-    Status prepare(B& backend, const StagingPlan& plan, StagerStats& stats) noexcept {
-        const std::size_t required = plan.required_bytes();
-        if (required <= capacity_) return {};
-        Result<std::size_t> target = growth_.next_capacity(capacity_, required);
-        if (!target) {
-            ++stats.grow_failures;
-            return Status(target.status().code(),
-                          detail::message(target.status().message(), " (backend '", backend.name(), "')"));
+    Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
+        if (need.device_bytes > capacity_) {
+            if (Status grown = grow(backend, need.device_bytes, stats, queue); !grown) return grown;
         }
-        if (*target < required) {
-            ++stats.grow_failures;
-            return Status(Errc::invalid_argument, detail::message("retained buffer grow: growth policy returned ",
-                                                                  *target, " bytes for a plan requiring ", required));
-        }
-        // Transactional where memory allows: the new buffer is allocated while the old one is
-        // still held; only if that fails is the old one freed first and the allocation retried.
-        const std::size_t held = capacity_;
-        Result<detail::AlignedAllocation> grown =
-            detail::allocate_aligned<Alignment>(backend, *target, "retained buffer grow", stats);
-        if (grown) {
-            if (slot_.allocation != nullptr) {
-                ++stats.grows_allocate_first;
-                // The new buffer is in place whatever the free reports; a failed free is the
-                // backend's memory to account for and does not fail the run.
-                (void)release_retained(backend, stats);
+        if constexpr (packs) {
+            if (need.mirror_bytes > mirror_.capacity()) {
+                Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
+                const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
+                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, stats); !mirrored) {
+                    ++stats.grow_failures;
+                    return mirrored;
+                }
             }
-        } else if (slot_.allocation != nullptr) {
-            if (Status freed = release_retained(backend, stats); !freed) {
-                ++stats.grow_failures;
-                return freed;
-            }
-            grown = detail::allocate_aligned<Alignment>(backend, *target, "retained buffer grow", stats);
-            if (grown) ++stats.grows_free_first;
         }
-        if (!grown) {
-            ++stats.grow_failures;
-            const Status& cause = grown.status();
-            return Status(cause.code(),
-                          detail::message(cause.message(), " (capacity ", held, ", plan requires ", required, ")"));
-        }
-        slot_ = *grown;
-        capacity_ = *target;
-        ++stats.regrows;
-        stats.retained_bytes += slot_.allocated;
         return {};
     }
 
@@ -110,21 +108,29 @@ public:
         return detail::slice_lease(slot_.base, capacity_, tensor, arg, lease, "retained buffer", backend);
     }
 
-    /// Gives the retained buffer back to the backend now. The slot is empty afterwards even if
-    /// the backend reports an error (the memory is then the backend's to account for).
+    /// Gives the retained buffer (and the mirror) back to the backend now. The slot is empty
+    /// afterwards even if the backend reports an error (the memory is then the backend's to
+    /// account for).
     template <Backend B>
     Status release_retained(B& backend, StagerStats& stats) noexcept {
-        if (slot_.allocation == nullptr) return {};
-        ++stats.device_frees;
-        stats.retained_bytes -= slot_.allocated;
-        Status status = backend.device_free(slot_.allocation);
-        slot_ = {};
-        capacity_ = 0;
-        if (!status) {
-            return Status(status.code(), detail::message("retained buffer free failed on backend '", backend.name(),
-                                                         "': ", status.message()));
+        Status first;
+        if (slot_.allocation != nullptr) {
+            ++stats.device_frees;
+            stats.retained_bytes -= slot_.allocated;
+            Status status = backend.device_free(slot_.allocation);
+            slot_ = {};
+            capacity_ = 0;
+            if (!status) {
+                ++stats.free_failures;
+                first = Status(status.code(), detail::message("retained buffer free failed on backend '",
+                                                              backend.name(), "': ", status.message()));
+            }
         }
-        return status;
+        if constexpr (packs) {
+            Status mirror = mirror_.release(backend, stats);
+            if (first.ok()) first = std::move(mirror);
+        }
+        return first;
     }
 
     /// Forgets the retained buffer without calling the backend (after a device reset).
@@ -132,18 +138,135 @@ public:
         stats.retained_bytes -= slot_.allocated;
         slot_ = {};
         capacity_ = 0;
+        if constexpr (packs) mirror_.abandon(stats);
+    }
+
+    /// Takes ownership of a device buffer another owner allocated, as this slot's retained
+    /// buffer (it is freed by a later grow or release). The slot must be empty; the usable bytes
+    /// start at `allocation` aligned up to Alignment.
+    template <Backend B>
+    Status adopt(B& backend, void* allocation, std::size_t bytes, StagerStats& stats) noexcept {
+        if (slot_.allocation != nullptr) {
+            return Status(Errc::busy, detail::message("retained buffer adopt: the slot already holds ", capacity_,
+                                                      " bytes on backend '", backend.name(),
+                                                      "'; detach or release it first"));
+        }
+        void* base = allocation != nullptr ? detail::align_pointer(allocation, Alignment) : nullptr;
+        const auto slack = static_cast<std::size_t>(static_cast<std::byte*>(base) - static_cast<std::byte*>(allocation));
+        if (allocation == nullptr || bytes <= slack) {
+            return Status(Errc::invalid_argument,
+                          detail::message("retained buffer adopt: ", bytes, " bytes at ",
+                                          static_cast<const void*>(allocation), " leave nothing aligned to ", Alignment,
+                                          " on backend '", backend.name(), "'"));
+        }
+        slot_ = detail::AlignedAllocation{allocation, base, bytes};
+        capacity_ = bytes - slack;
+        stats.retained_bytes += bytes;
+        return {};
+    }
+
+    /// Hands the retained buffer to the caller without freeing it; the slot is empty afterwards.
+    RetainedBuffer detach(StagerStats& stats) noexcept {
+        const RetainedBuffer buffer{slot_.allocation, slot_.base, capacity_};
+        stats.retained_bytes -= slot_.allocated;
+        slot_ = {};
+        capacity_ = 0;
+        return buffer;
     }
 
     /// Usable bytes from the aligned base.
     std::size_t capacity() const noexcept { return capacity_; }
     /// The aligned base of the retained buffer; null when empty.
-    const void* base() const noexcept { return slot_.base; }
+    void* base() const noexcept { return slot_.base; }
     const Growth& growth() const noexcept { return growth_; }
+    GrowOrder order() const noexcept { return order_; }
+    /// The pinned host mirror (PackSmall): byte i mirrors byte i of the device buffer; null
+    /// without packing or before the first packed run.
+    std::byte* mirror() const noexcept {
+        if constexpr (packs) return mirror_.data();
+        return nullptr;
+    }
+    std::size_t mirror_capacity() const noexcept {
+        if constexpr (packs) return mirror_.capacity();
+        return 0;
+    }
 
 private:
+    template <Backend B>
+    Status grow(B& backend, std::size_t required, StagerStats& stats, FreeQueue<B>& queue) noexcept {
+        Result<std::size_t> target = growth_.next_capacity(capacity_, required);
+        if (!target) {
+            ++stats.grow_failures;
+            return Status(target.status().code(),
+                          detail::message(target.status().message(), " (backend '", backend.name(), "')"));
+        }
+        if (*target < required) {
+            ++stats.grow_failures;
+            return Status(Errc::invalid_argument, detail::message("retained buffer grow: growth policy returned ",
+                                                                  *target, " bytes for a plan requiring ", required));
+        }
+        const std::size_t held = capacity_;
+        const bool had = slot_.allocation != nullptr;
+        Result<detail::AlignedAllocation> grown = Status(Errc::out_of_memory, "retained buffer grow: not attempted");
+        std::size_t size = *target;
+        if (order_ == GrowOrder::allocate_first || !had) {
+            grown = allocate(backend, *target, required, stats, size);
+            if (grown && had) ++stats.grows_allocate_first;
+        }
+        if (!grown && had) {
+            // Memory is short (or free_first asked): free the old buffer first, then retry.
+            if (Status settled = queue.settle(); !settled) queue.report(settled);
+            if (Status freed = give_back(queue, stats); !freed) queue.report(freed);
+            grown = allocate(backend, *target, required, stats, size);
+            if (grown) ++stats.grows_free_first;
+        }
+        if (!grown) {
+            ++stats.grow_failures;
+            const Status& cause = grown.status();
+            return Status(cause.code(),
+                          detail::message(cause.message(), " (capacity ", held, ", plan requires ", required, ")"));
+        }
+        if (slot_.allocation != nullptr) {
+            // The new buffer stands whatever the free of the old one reports: a failed free is
+            // counted and reported, and the run goes on.
+            if (Status freed = give_back(queue, stats); !freed) queue.report(freed);
+        }
+        slot_ = *grown;
+        capacity_ = size;
+        ++stats.regrows;
+        stats.retained_bytes += slot_.allocated;
+        return {};
+    }
+
+    // The grown target, or exactly the requirement when the target cannot be had.
+    template <Backend B>
+    Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, std::size_t required,
+                                               StagerStats& stats, std::size_t& size) noexcept {
+        Result<detail::AlignedAllocation> grown =
+            detail::allocate_exact_first<Alignment>(backend, target, "retained buffer grow", stats);
+        size = target;
+        if (!grown && target > required) {
+            grown = detail::allocate_exact_first<Alignment>(backend, required, "retained buffer grow", stats);
+            size = required;
+            if (grown) ++stats.grows_exact_fallback;
+        }
+        return grown;
+    }
+
+    template <Backend B>
+    Status give_back(FreeQueue<B>& queue, StagerStats& stats) noexcept {
+        stats.retained_bytes -= slot_.allocated;
+        void* allocation = slot_.allocation;
+        slot_ = {};
+        capacity_ = 0;
+        return queue.free(allocation);
+    }
+
     Growth growth_;
+    GrowOrder order_ = GrowOrder::allocate_first;
     detail::AlignedAllocation slot_;
     std::size_t capacity_ = 0;
+    [[no_unique_address]] std::conditional_t<packs, detail::PinnedMirror, NoMirror> mirror_;
 };
 
 }  // namespace devstage

@@ -20,6 +20,7 @@
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/strategy/concept.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
@@ -50,8 +51,8 @@ public:
     ~RetainedVmm() = default;  // the owner releases or abandons first
 
     template <VirtualMemoryBackend B>
-    Status prepare(B& backend, const StagingPlan& plan, StagerStats& stats) noexcept {
-        const std::size_t required = plan.required_bytes();
+    Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& /*queue*/) noexcept {
+        const std::size_t required = need.device_bytes;
         if (required <= mapped_) return {};
         const std::size_t granularity = backend.vmm_granularity();
         if (granularity == 0) {
@@ -90,10 +91,14 @@ public:
         void* at = static_cast<std::byte*>(base_) + mapped_;
         if (Status mapped = backend.vmm_map(at, grow, *handle); !mapped) {
             ++stats.device_frees;
-            (void)backend.vmm_free(*handle);
+            if (Status freed = backend.vmm_free(*handle); !freed) {
+                ++stats.free_failures;
+                return fail(stats, Status(mapped.code(), detail::message(mapped.message(), "; freeing the unmapped chunk of ",
+                                                                         grow, " bytes failed too: ", freed.message())));
+            }
             return fail(stats, mapped);
         }
-        chunks_.push_back(Chunk{to_bits(*handle), mapped_, grow});
+        chunks_.push_back(Chunk{to_bits(*handle), mapped_, grow, false});
         mapped_ += grow;
         ++stats.regrows;
         stats.retained_bytes += grow;
@@ -106,28 +111,35 @@ public:
         return detail::slice_lease(base_, mapped_, tensor, arg, lease, "vmm buffer", backend);
     }
 
-    /// Unmaps and frees every chunk (last first), then releases the reservation.
+    /// Unmaps and frees every chunk (last first), then releases the reservation. The first
+    /// failure stops it: what is still mapped (or reserved) stays recorded, so a later release
+    /// retries from there; nothing is forgotten.
     template <VirtualMemoryBackend B>
     Status release_retained(B& backend, StagerStats& stats) noexcept {
-        Status first;
         while (!chunks_.empty()) {
-            const Chunk chunk = chunks_.back();
-            chunks_.pop_back();
-            Status unmapped = backend.vmm_unmap(static_cast<std::byte*>(base_) + chunk.offset, chunk.bytes);
-            Status freed = backend.vmm_free(from_bits<typename B::PhysicalHandle>(chunk.handle));
+            Chunk& chunk = chunks_.back();
+            if (!chunk.unmapped) {
+                if (Status unmapped = backend.vmm_unmap(static_cast<std::byte*>(base_) + chunk.offset, chunk.bytes);
+                    !unmapped) {
+                    return stop(stats, unmapped, "unmapping");
+                }
+                chunk.unmapped = true;
+                stats.retained_bytes -= chunk.bytes;
+                mapped_ -= chunk.bytes;
+            }
             ++stats.device_frees;
-            stats.retained_bytes -= chunk.bytes;
-            mapped_ -= chunk.bytes;
-            if (first.ok()) first = !unmapped.ok() ? std::move(unmapped) : std::move(freed);
+            if (Status freed = backend.vmm_free(from_bits<typename B::PhysicalHandle>(chunk.handle)); !freed) {
+                return stop(stats, freed, "freeing");
+            }
+            chunks_.pop_back();
         }
         if (base_ != nullptr) {
-            Status released = backend.vmm_release(base_);
-            if (first.ok()) first = std::move(released);
+            if (Status released = backend.vmm_release(base_); !released) return stop(stats, released, "releasing");
         }
         base_ = nullptr;
         reserved_ = 0;
         mapped_ = 0;
-        return first;
+        return {};
     }
 
     void abandon(StagerStats& stats) noexcept {
@@ -139,7 +151,7 @@ public:
 
     /// Mapped bytes from the base.
     std::size_t capacity() const noexcept { return mapped_; }
-    const void* base() const noexcept { return base_; }
+    void* base() const noexcept { return base_; }
     std::size_t reserved() const noexcept { return reserved_; }
 
 private:
@@ -165,11 +177,19 @@ private:
         std::uintptr_t handle;
         std::size_t offset;
         std::size_t bytes;
+        bool unmapped = false;  // unmapped, but its physical memory not yet freed
     };
 
     static Status fail(StagerStats& stats, Status status) noexcept {
         ++stats.grow_failures;
         return status;
+    }
+
+    Status stop(StagerStats& stats, const Status& cause, const char* what) const noexcept {
+        ++stats.free_failures;
+        return Status(cause.code(), detail::message("vmm release stopped ", what, " (", chunks_.size(),
+                                                    " chunk(s), ", mapped_, " bytes still mapped; release again to retry): ",
+                                                    cause.message()));
     }
 
     std::size_t reserve_bytes_ = std::size_t{64} << 30;

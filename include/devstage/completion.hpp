@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Completion: the end of a stream-ordered run. Its copy-backs write the caller's memory
+/// asynchronously, so the outputs are valid once wait() returned ok (or ready() answered true).
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "devstage/status.hpp"
+
+namespace devstage {
+
+class Completion;
+
+namespace detail {
+
+/// What a Completion calls back into; implemented by every Stager. The owner keeps its
+/// unsettled completions in an intrusive list (no allocation per run), so it can hand each its
+/// result when the run is settled, whoever settles it, and leave none dangling when it dies.
+class CompletionOwner {
+public:
+    /// Blocks until the run of `completion` completed and settles it; `completion` then holds
+    /// its result and is no longer linked.
+    virtual void settle_completion(Completion& completion) noexcept = 0;
+    /// Settles the run of `completion` if it completed, without blocking.
+    virtual Result<bool> poll_completion(Completion& completion) noexcept = 0;
+    /// Settles slot `slot` through generation `generation` (a completion given up on: a
+    /// failure then goes to the owner's error sink).
+    virtual void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept = 0;
+
+    inline void link(Completion& completion, std::size_t slot, std::uint64_t generation) noexcept;
+    /// Hands `result` to every linked completion of `slot` up to `generation` and unlinks them;
+    /// returns how many there were.
+    inline std::size_t resolve(std::size_t slot, std::uint64_t generation, const Status& result) noexcept;
+    /// Hands `result` to every linked completion.
+    inline void resolve_all(const Status& result) noexcept;
+
+protected:
+    static std::size_t slot_of(const Completion& completion) noexcept;
+
+    CompletionOwner() = default;
+    CompletionOwner(const CompletionOwner&) = delete;
+    CompletionOwner& operator=(const CompletionOwner&) = delete;
+    ~CompletionOwner() = default;
+
+private:
+    friend class devstage::Completion;
+    Completion* head_ = nullptr;
+};
+
+}  // namespace detail
+
+/// The pending end of a run finished on a stream. Move-only; used on the stager's thread.
+/// `auto done = stager.finish(std::move(*run), stream); if (done) (void)done->wait();`
+///
+/// wait() blocks until the run's copy-backs (and packed outputs) reached the caller's memory
+/// and reports the first failure of the run's own enqueued work as far as the backend can tell;
+/// ready() never blocks; detach() gives up waiting (the stager settles the run later, reporting
+/// a failure to its error sink). The destructor waits unless detached. A default-constructed
+/// Completion is complete and ok.
+class [[nodiscard]] Completion {
+public:
+    Completion() noexcept = default;
+    Completion(Completion&& other) noexcept { take(other); }
+    Completion& operator=(Completion&& other) noexcept {
+        if (this != &other) {
+            give_up_waiting_or_wait();
+            take(other);
+        }
+        return *this;
+    }
+    Completion(const Completion&) = delete;
+    Completion& operator=(const Completion&) = delete;
+    ~Completion() { give_up_waiting_or_wait(); }
+
+    /// Blocks until the run completed; its failure, or ok. Repeated calls return the same.
+    Status wait() noexcept {
+        if (owner_ != nullptr) owner_->settle_completion(*this);
+        return result_;
+    }
+
+    /// True once the run completed (its outputs are then in place); never blocks. A failed
+    /// query is returned as an error; the run's own failure is then given by wait().
+    Result<bool> ready() noexcept {
+        if (owner_ == nullptr) return true;
+        return owner_->poll_completion(*this);
+    }
+
+    /// Stops watching the run: the destructor will not wait, and a later failure goes to the
+    /// stager's error sink. The outputs still arrive, when the stager next settles the slot.
+    void detach() noexcept { unlink(); }
+
+    /// True while the run is watched and not yet known complete.
+    bool pending() const noexcept { return owner_ != nullptr; }
+
+private:
+    friend class detail::CompletionOwner;
+
+    void take(Completion& other) noexcept {
+        owner_ = other.owner_;
+        slot_ = other.slot_;
+        generation_ = other.generation_;
+        result_ = std::move(other.result_);
+        prev_ = other.prev_;
+        next_ = other.next_;
+        if (owner_ != nullptr) {
+            (prev_ != nullptr ? prev_->next_ : owner_->head_) = this;
+            if (next_ != nullptr) next_->prev_ = this;
+        }
+        other.owner_ = nullptr;
+        other.prev_ = other.next_ = nullptr;
+        other.result_ = {};
+    }
+
+    void unlink() noexcept {
+        if (owner_ == nullptr) return;
+        (prev_ != nullptr ? prev_->next_ : owner_->head_) = next_;
+        if (next_ != nullptr) next_->prev_ = prev_;
+        owner_ = nullptr;
+        prev_ = next_ = nullptr;
+    }
+
+    void give_up_waiting_or_wait() noexcept {
+        if (owner_ == nullptr) return;
+        detail::CompletionOwner* owner = owner_;
+        const std::size_t slot = slot_;
+        const std::uint64_t generation = generation_;
+        unlink();  // nobody reads the result now: a failure goes to the sink
+        owner->settle_unwatched(slot, generation);
+    }
+
+    detail::CompletionOwner* owner_ = nullptr;
+    std::size_t slot_ = 0;
+    std::uint64_t generation_ = 0;
+    Status result_;
+    Completion* prev_ = nullptr;
+    Completion* next_ = nullptr;
+};
+
+namespace detail {
+
+inline std::size_t CompletionOwner::slot_of(const Completion& completion) noexcept {
+    return completion.slot_;
+}
+
+inline void CompletionOwner::link(Completion& completion, std::size_t slot, std::uint64_t generation) noexcept {
+    completion.owner_ = this;
+    completion.slot_ = slot;
+    completion.generation_ = generation;
+    completion.prev_ = nullptr;
+    completion.next_ = head_;
+    if (head_ != nullptr) head_->prev_ = &completion;
+    head_ = &completion;
+}
+
+inline std::size_t CompletionOwner::resolve(std::size_t slot, std::uint64_t generation, const Status& result) noexcept {
+    std::size_t resolved = 0;
+    for (Completion* c = head_; c != nullptr;) {
+        Completion* next = c->next_;
+        if (c->slot_ == slot && c->generation_ <= generation) {
+            c->result_ = result;
+            c->unlink();
+            ++resolved;
+        }
+        c = next;
+    }
+    return resolved;
+}
+
+inline void CompletionOwner::resolve_all(const Status& result) noexcept {
+    while (head_ != nullptr) {
+        Completion* c = head_;
+        c->result_ = result;
+        c->unlink();
+    }
+}
+
+}  // namespace detail
+}  // namespace devstage
