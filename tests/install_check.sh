@@ -2,7 +2,8 @@
 # Installs devstage (tests, examples and benchmarks off) into a temporary prefix and consumes it:
 # - pkg-config: Cflags carry no -std, and a consumer compiling as C++23 stays C++23;
 # - CMake find_package, after the installed tree has been moved elsewhere;
-# - as a Meson subproject (tests stay off).
+# - as a Meson subproject (tests stay off), with range-v3 found through CMake, then with no
+#   usable CMake (headers on the include path), then with neither (a clear error).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work=$(mktemp -d)
@@ -50,5 +51,20 @@ ninja -C "$consumer/build" >/dev/null
 "$consumer/build/consumer"
 [ ! -e "$consumer/build/subprojects/devstage/tests" ] || fail "tests built in a subproject"
 
+# Without a usable CMake, range-v3 comes from the headers on the compiler's include path.
+printf "[binaries]\ncmake = 'false'\n" >"$work/no_cmake.ini"
+meson setup "$consumer/build-no-cmake" "$consumer" --native-file "$work/no_cmake.ini" >"$work/no_cmake.log" 2>&1 ||
+    fail "setup without CMake failed: $(tail -3 "$work/no_cmake.log")"
+grep -q 'range-v3 found: NO' "$work/no_cmake.log" || fail "range-v3 was found with CMake disabled"
+ninja -C "$consumer/build-no-cmake" >/dev/null
+"$consumer/build-no-cmake/consumer"
+
+# With neither CMake nor the headers, setup stops and names the package to install.
+printf "[binaries]\ncmake = 'false'\n[built-in options]\ncpp_args = ['-nostdinc']\n" >"$work/no_range.ini"
+if meson setup "$consumer/build-no-range" "$consumer" --native-file "$work/no_range.ini" >"$work/no_range.log" 2>&1; then
+    fail "setup succeeded without range-v3"
+fi
+grep -q 'install librange-v3-dev' "$work/no_range.log" || fail "no hint to install librange-v3-dev: $(tail -3 "$work/no_range.log")"
+
 echo "devstage works installed (pkg-config with the consumer's standard, CMake find_package from a" \
-    "moved prefix) and as a Meson subproject"
+    "moved prefix) and as a Meson subproject (range-v3 through CMake or the include path)"
