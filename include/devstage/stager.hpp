@@ -54,6 +54,18 @@ protected:
     ~RunOwner() = default;
 };
 
+/// A backend that declares a Stream type means to be an AsyncBackend: one that misses an
+/// operation must not be staged synchronously without a word.
+template <class B>
+consteval bool streams_complete() {
+    if constexpr (requires { typename B::Stream; }) {
+        static_assert(AsyncBackend<B>,
+                      "the backend declares a Stream type but does not model devstage::AsyncBackend (see the "
+                      "unsatisfied operation below): add it, or the backend would stage synchronously");
+    }
+    return true;
+}
+
 /// The packing limit of a strategy (0 when it does not pack).
 template <class S>
 constexpr std::size_t pack_limit_of() noexcept {
@@ -141,6 +153,7 @@ private:
 template <Backend B, class Strategy = RetainedBump<>>
 class Stager final : private detail::RunOwner, private detail::CompletionOwner {
     static_assert(StagingStrategy<Strategy, B>, "the strategy does not model devstage::StagingStrategy for this backend");
+    static_assert(detail::streams_complete<B>());
 
 public:
     /// The stream-ordered view of the backend: B itself, or SynchronousAdapter<B>.
@@ -568,7 +581,7 @@ private:
         TensorLease* const leases = slot.lease_storage.data();
         TensorArg* const device_args = slot.device_args.data();
         std::size_t count = 0;
-        std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0;
+        std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0, host_copied = 0;
         Status status;
         for (std::size_t index = 0; index < args.size(); ++index) {
             const TensorArg& arg = args[index];
@@ -600,23 +613,27 @@ private:
             }
             ++count;
             device_arg = TensorArg{lease.device, arg.bytes, arg.direction, Placement::Device};
+            if constexpr (pack_limit > 0) {
+                if (group != static_cast<std::size_t>(PackGroup::direct)) {
+                    ++packed;
+                    std::byte* const into = mirror + offset;
+                    const bool in_place = arg.data == into;
+                    if (!in_place && inside(arg.data, mirror, mirror_capacity(slot.strategy))) {
+                        status = stale_frame_arg(index, arg, into - mirror);
+                        break;
+                    }
+                    if (!uploads(arg.direction)) {
+                        ++skipped;
+                    } else if (!in_place) {
+                        std::memcpy(into, arg.data, arg.bytes);
+                        host_copied += arg.bytes;
+                    }
+                    continue;
+                }
+            }
             if (!uploads(arg.direction)) {
                 ++skipped;
                 continue;
-            }
-            if constexpr (pack_limit > 0) {
-                if (group != static_cast<std::size_t>(PackGroup::direct)) {
-                    std::byte* const into = mirror + offset;
-                    if (arg.data != into) {
-                        if (inside(arg.data, mirror, mirror_capacity(slot.strategy))) {
-                            status = stale_frame_arg(index, arg, into - mirror);
-                            break;
-                        }
-                        std::memcpy(into, arg.data, arg.bytes);
-                    }
-                    ++packed;
-                    continue;
-                }
             }
             if (Status copied = async().copy_to_device_async(lease.device, arg.data, arg.bytes, stream); !copied) {
                 status = copy_failure(detail::message("bind: upload of arg ", index).c_str(), arg.bytes, copied);
@@ -627,7 +644,7 @@ private:
             ++calls;
         }
         slot.lease_count = count;
-        if (status.ok() && packed > 0) {
+        if (status.ok() && slot.layout.upload_end > 0) {
             const std::size_t bytes = slot.layout.upload_end;  // one copy: every packed In/InOut byte
             if (Status copied = async().copy_to_device_async(base, mirror, bytes, stream); !copied) {
                 status = copy_failure("bind: packed upload", bytes, copied);
@@ -642,6 +659,7 @@ private:
         stats_.bytes_to_device += uploaded;
         stats_.uploads += calls;
         stats_.packed_args += packed;
+        stats_.mirror_copy_bytes += host_copied;
         if constexpr (!immediate) stats_.async_uploads += calls;
         return status;
     }
@@ -763,7 +781,10 @@ private:
             for (const TensorLease& lease : slot.leases()) {
                 if (!lease.copy_back || !packed_lease(slot, lease)) continue;
                 const std::byte* from = mirror + (static_cast<const std::byte*>(lease.device) - base);
-                if (lease.host != from) std::memcpy(lease.host, from, lease.bytes);
+                if (lease.host != from) {
+                    std::memcpy(lease.host, from, lease.bytes);
+                    stats_.mirror_copy_bytes += lease.bytes;
+                }
             }
         }
         slot.unpack = false;
@@ -888,7 +909,8 @@ private:
                           with_backend("stager bind: the frame belongs to another stager"));
         }
         const std::optional<SlotChoice> framed = framed_slot(frame.args());
-        if (!framed || (**framed == frame.slot_ && slots_[frame.slot_].frame_generation != frame.generation_)) {
+        if (framed && !*framed) return *framed;
+        if (!framed || **framed != frame.slot_ || slots_[frame.slot_].frame_generation != frame.generation_) {
             return stale_frame(frame.slot_);
         }
         return *framed;
@@ -898,11 +920,30 @@ private:
     // when `args` is not a frame of this stager.
     std::optional<SlotChoice> framed_slot(std::span<const TensorArg> args) noexcept {
         if (args.empty()) return std::nullopt;
+        bool any_framed = false;
         for (std::size_t index = 0; index < slots_.size(); ++index) {
             const Slot& slot = slots_[index];
+            any_framed = any_framed || slot.framed;
             if (args.data() != slot.frame_args.data()) continue;
             if (!slot.framed || args.size() != slot.frame_count) return SlotChoice(stale_frame(index));
             return SlotChoice(index);
+        }
+        if (!any_framed) return std::nullopt;
+        // Args that point into an unbound frame without being its own args: a copy of them,
+        // changed since. Binding them would move the frame's bytes under its own layout.
+        for (std::size_t index = 0; index < slots_.size(); ++index) {
+            const Slot& slot = slots_[index];
+            if (!slot.framed) continue;
+            for (std::size_t i = 0; i < args.size(); ++i) {
+                if (args[i].bytes > 0 && inside(args[i].data, mirror_of(slot.strategy), mirror_capacity(slot.strategy))) {
+                    return SlotChoice(Status(
+                        Errc::invalid_argument,
+                        with_backend(detail::message("stager bind: arg ", i, " (", args[i].bytes,
+                                                    " bytes) points into the unbound frame of slot ", index,
+                                                    ", but the args are not that frame's own: its sizes no longer "
+                                                    "match; bind the frame's own args()"))));
+                }
+            }
         }
         return std::nullopt;
     }

@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// HostFrame (frame.hpp): inputs written in place in a slot's pinned mirror, bound with one
+// upload and no host copy; misuse is a clear error.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "devstage/frame.hpp"
+#include "devstage/stager.hpp"
+#include "devstage/strategy/packing.hpp"
+#include "support.hpp"
+
+using namespace devstage;
+
+namespace {
+using Packed = RetainedBump<ExactGrowth, 1024, PackSmall<4096>>;
+
+const TensorShape decode_shapes[] = {
+    {163840, Direction::In},  // hidden states: larger than the packing limit, in the frame anyway
+    {2048, Direction::In},    // block table
+    {128, Direction::In},     // sequence lengths
+    {64, Direction::In},      // slot mapping
+    {0, Direction::In},       // empty
+    {4096, Direction::InOut},
+    {163840, Direction::Out},  // logits
+};
+
+void fill(const HostFrame& frame, std::uint32_t seed) {
+    for (std::size_t i = 0; i < frame.size(); ++i) {
+        if (frame.args()[i].direction == Direction::Out) continue;
+        const auto bytes = test::pattern(frame.host(i).size(), seed + static_cast<std::uint32_t>(i));
+        std::copy(bytes.begin(), bytes.end(), frame.host(i).begin());
+    }
+}
+}  // namespace
+
+TEST_CASE("frame: inputs written in place upload with one copy and no host copy", "[frame]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    REQUIRE(frame->size() == 7);
+    CHECK(frame->host(4).empty());
+    CHECK(frame->host(0).size() == 163840);
+    for (std::size_t i = 0; i < frame->size(); ++i) {
+        if (frame->host(i).empty()) continue;
+        CHECK(reinterpret_cast<std::uintptr_t>(frame->host(i).data()) % 1024 ==
+              reinterpret_cast<std::uintptr_t>(stager.strategy().mirror()) % 1024);
+    }
+    fill(*frame, 1);
+    // The same inputs in ordinary host memory, staged the ordinary way, as the reference.
+    test::HostRun reference;
+    for (std::size_t i = 0; i < frame->size(); ++i) {
+        reference.buffers.emplace_back(frame->host(i).begin(), frame->host(i).end());
+        reference.args.push_back(TensorArg{nullptr, frame->args()[i].bytes, frame->args()[i].direction});
+    }
+    reference.relink();
+
+    const std::uint64_t uploads = mock.calls(MockOp::copy_to_device);
+    auto run = stager.bind(frame->args());
+    REQUIRE(run.ok());
+    CHECK(mock.calls(MockOp::copy_to_device) - uploads == 1);  // every In/InOut byte in one copy
+    CHECK(stager.stats().mirror_copy_bytes == 0);              // and no host memcpy
+    REQUIRE(test::fake_kernel(mock, run->device_args(), frame->args()).ok());
+    const std::uint64_t downloads = mock.calls(MockOp::copy_from_device);
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    CHECK(mock.calls(MockOp::copy_from_device) - downloads == 1);
+    CHECK(stager.stats().mirror_copy_bytes == 0);  // outputs land in the frame itself
+
+    Stager<MockBackend> plain(mock);
+    auto expected = plain.bind(reference.args);
+    REQUIRE(expected.ok());
+    REQUIRE(test::fake_kernel(mock, expected->device_args(), reference.args).ok());
+    REQUIRE(plain.finish(std::move(*expected)).ok());
+    for (std::size_t i = 0; i < frame->size(); ++i) {
+        CAPTURE(i);
+        CHECK(std::equal(frame->host(i).begin(), frame->host(i).end(), reference.buffers[i].begin(),
+                         reference.buffers[i].end()));
+    }
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: a frame binds once; its args again are a stale frame", "[frame][misuse]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    fill(*frame, 2);
+    auto run = stager.bind(frame->args());
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    auto again = stager.bind(frame->args());
+    REQUIRE_FALSE(again.ok());
+    CHECK(again.status().code() == Errc::invalid_argument);
+    CHECK_THAT(again.status().message(), Catch::Contains("stale frame") && Catch::Contains("slot 0") &&
+                                             Catch::Contains("mock"));
+    auto by_frame = stager.bind(*frame);
+    CHECK(by_frame.status().code() == Errc::invalid_argument);
+    // The stager is fine: a fresh frame binds.
+    auto fresh = stager.frame(decode_shapes);
+    REQUIRE(fresh.ok());
+    auto bound = stager.bind(*fresh);
+    REQUIRE(bound.ok());
+    REQUIRE(stager.finish(std::move(*bound)).ok());
+}
+
+TEST_CASE("frame: a frame of another stager is refused", "[frame][misuse]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> one(mock), other(mock);
+    auto frame = one.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    auto foreign = other.bind(*frame);
+    REQUIRE_FALSE(foreign.ok());
+    CHECK(foreign.status().code() == Errc::invalid_argument);
+    CHECK_THAT(foreign.status().message(), Catch::Contains("another stager"));
+    auto own = one.bind(*frame);
+    REQUIRE(own.ok());
+    REQUIRE(one.finish(std::move(*own)).ok());
+}
+
+TEST_CASE("frame: args pointing into the frame at sizes that no longer match are refused", "[frame][misuse]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    std::vector<TensorArg> resized(frame->args().begin(), frame->args().end());
+    resized[1].bytes = 1000;  // the block table shrank: the layout moves everything after it
+    resized[2].bytes = 3000;
+    auto refused = stager.bind(resized);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == Errc::invalid_argument);
+    CHECK_THAT(refused.status().message(),
+               Catch::Contains("points into the unbound frame of slot 0") && Catch::Contains("no longer match"));
+    CHECK(stager.live_runs() == 0);
+    // The frame itself still binds.
+    auto run = stager.bind(frame->args());
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    // Bound, the frame's memory is the slot's mirror again: args into it at moved offsets are
+    // refused rather than copied over themselves.
+    auto stale = stager.bind(resized);
+    REQUIRE_FALSE(stale.ok());
+    CHECK_THAT(stale.status().message(), Catch::Contains("points into this stager's frame mirror"));
+    CHECK(stager.live_runs() == 0);
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: frames belong to pipeline slots", "[frame][slots]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock, Packed{}, 2);
+    auto a = stager.frame(decode_shapes);
+    auto b = stager.frame(decode_shapes);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->slot() != b->slot());
+    CHECK(a->host(0).data() != b->host(0).data());
+    CHECK(stager.frame(decode_shapes).status().code() == Errc::busy);  // both slots hold a frame
+    test::HostRun other;
+    other.add(100, Direction::In, 1);
+    CHECK(stager.bind(other.args).status().code() == Errc::busy);
+    CHECK(stager.bind_slot(a->slot(), other.args).status().code() == Errc::busy);
+    CHECK(stager.bind_slot(a->slot(), b->args()).status().code() == Errc::invalid_argument);
+    fill(*a, 3);
+    fill(*b, 4);
+    auto run_b = stager.bind(b->args());
+    auto run_a = stager.bind(*a);
+    REQUIRE(run_a.ok());
+    REQUIRE(run_b.ok());
+    CHECK(run_a->slot() == a->slot());
+    CHECK(run_b->slot() == b->slot());
+    REQUIRE(stager.finish(std::move(*run_a)).ok());
+    REQUIRE(stager.finish(std::move(*run_b)).ok());
+}
+
+TEST_CASE("frame: release drops an unbound frame", "[frame]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    REQUIRE(stager.release().ok());
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK(stager.bind(frame->args()).status().code() == Errc::invalid_argument);
+}
+
+namespace {
+template <class S>
+concept hands_out_frames = requires(S& s, std::span<const TensorShape> shapes) { s.frame(shapes); };
+}  // namespace
+
+TEST_CASE("frame: only packing strategies hand out frames", "[frame]") {
+    STATIC_REQUIRE(hands_out_frames<Stager<MockBackend, Packed>>);
+    STATIC_REQUIRE_FALSE(hands_out_frames<Stager<MockBackend>>);
+}
