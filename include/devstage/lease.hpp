@@ -27,6 +27,7 @@ struct TensorLease {
     ReleaseKind release_kind;
     void* allocation = nullptr;  ///< what device_free gets for Free leases; differs from
                                  ///< `device` when the allocation was aligned up
+    bool upload = false;         ///< copied from `host` to `device` by the bind (In and InOut)
 };
 
 /// Releases one lease by its kind. Free leases call device_free(allocation); the others do

@@ -10,7 +10,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <new>
 #include <span>
 #include <string>
@@ -52,10 +51,19 @@ namespace detail {
 /// How one arg is treated, or why it is refused.
 enum class ArgCheck : std::uint8_t { skipped, external, staged, bad_placement, bad_direction, null_data };
 
+/// The common case of check_arg in one test: a Host arg with a valid direction, bytes and data.
+constexpr bool is_staged(const TensorArg& arg) noexcept {
+    // Placement::Host is 0, so placement and direction together are at most InOut (2) exactly
+    // when the arg is a Host arg with a direction inside the enum.
+    const unsigned key = (static_cast<unsigned>(arg.placement) << 8) | static_cast<unsigned>(arg.direction);
+    return key <= static_cast<unsigned>(Direction::InOut) && arg.bytes != 0 && arg.data != nullptr;
+}
+
 /// The one predicate: zero bytes are skipped (any placement), Device args pass through, Host
 /// args with bytes are staged; an enumerator outside the enum or a null host pointer with
 /// bytes is refused.
 constexpr ArgCheck check_arg(const TensorArg& arg) noexcept {
+    if (is_staged(arg)) [[likely]] return ArgCheck::staged;
     if (static_cast<std::uint8_t>(arg.placement) > static_cast<std::uint8_t>(Placement::Device)) {
         return ArgCheck::bad_placement;
     }
@@ -108,44 +116,50 @@ struct PlanPass {
     std::array<std::size_t, 4> size{};      ///< aligned bytes per group
     std::array<std::size_t, 4> last_end{};  ///< offset in group + bytes of the group's last arg
 
-    template <class Visit>
+    /// `Packs` false: every staged arg is direct (`pack_limit` is ignored), known at compile time.
+    template <bool Packs, class Visit>
     Status run(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit,
                Visit&& visit) noexcept {
         const std::size_t mask = alignment - 1;
-        constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+        std::size_t direct = size[3];  // in a register: the only group without packing
         for (std::size_t index = 0; index < args.size(); ++index) {
             const TensorArg& arg = args[index];
             const ArgCheck check = check_arg(arg);
             if (check != ArgCheck::staged) [[unlikely]] {
                 if (check == ArgCheck::skipped || check == ArgCheck::external) continue;
+                size[3] = direct;
                 return plan_failure(check, index, arg, 0, alignment);
             }
-            const auto group = static_cast<std::size_t>(group_of(arg, pack_limit));
-            const std::size_t offset = size[group];
-            if (arg.bytes > max - mask || offset > max - ((arg.bytes + mask) & ~mask)) [[unlikely]] {
+            const std::size_t group =
+                Packs ? static_cast<std::size_t>(group_of(arg, pack_limit)) : static_cast<std::size_t>(PackGroup::direct);
+            std::size_t& sum = Packs ? size[group] : direct;
+            const std::size_t offset = sum;
+            std::size_t padded = 0, end = 0;
+            if (__builtin_add_overflow(arg.bytes, mask, &padded) ||
+                __builtin_add_overflow(offset, padded & ~mask, &end)) [[unlikely]] {
+                size[3] = direct;
                 return plan_failure(ArgCheck::staged, index, arg, offset, alignment);
             }
-            size[group] = offset + ((arg.bytes + mask) & ~mask);
-            last_end[group] = offset + arg.bytes;
+            sum = end;
+            if constexpr (Packs) last_end[group] = offset + arg.bytes;
             visit(index, arg, static_cast<PackGroup>(group), offset);
         }
+        if constexpr (!Packs) size[3] = direct;
         return {};
     }
 
     /// The layout of the groups summed by run(); invalid_argument when they do not fit in
     /// std::size_t together.
     Result<StagingLayout> finish() const noexcept {
-        constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
         StagingLayout layout;
-        layout.base[0] = 0;
         std::size_t end = 0;
         for (std::size_t group = 0; group < 4; ++group) {
             layout.base[group] = end;
-            if (end > max - size[group]) {
+            if (__builtin_add_overflow(end, size[group], &end)) {
                 return Status(Errc::invalid_argument,
-                              message("staging plan: total size overflows (", end, " + ", size[group], " bytes)"));
+                              message("staging plan: total size overflows (", layout.base[group], " + ", size[group],
+                                      " bytes)"));
             }
-            end += size[group];
         }
         layout.required_bytes = end;
         layout.packed_bytes = layout.base[3];
@@ -191,11 +205,11 @@ public:
         if (!std::has_single_bit(alignment)) return detail::bad_alignment(alignment);
         if (Status grown = reserve(args.size()); !grown) return grown;
         detail::PlanPass pass;
-        Status status =
-            pass.run(args, alignment, pack_limit, [this](std::size_t index, const TensorArg& arg, PackGroup group,
-                                                         std::size_t offset) {
-                tensors_[count_++] = PlannedTensor{index, offset, arg.bytes, arg.direction, group};
-            });
+        const auto keep = [this](std::size_t index, const TensorArg& arg, PackGroup group, std::size_t offset) {
+            tensors_[count_++] = PlannedTensor{index, offset, arg.bytes, arg.direction, group};
+        };
+        Status status = pack_limit > 0 ? pass.run<true>(args, alignment, pack_limit, keep)
+                                       : pass.run<false>(args, alignment, 0, keep);
         Result<StagingLayout> layout = status.ok() ? pass.finish() : Result<StagingLayout>(status);
         if (!layout) {
             clear();

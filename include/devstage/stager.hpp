@@ -240,26 +240,25 @@ public:
         const std::size_t index = run.slot_;
         Slot& slot = slots_[index];
         Status first = slot.fence.join(async(), slot.bind_stream, stream);
-        std::uint64_t skipped = 0, copied = 0, calls = 0, packed = 0;
-        const bool copy = execution.ok() && first.ok();
-        for (const TensorLease& lease : slot.leases()) {
-            if (lease.release_kind == ReleaseKind::ExternalNoop) continue;
-            if (!lease.copy_back || !copy) {
-                ++skipped;
-                continue;
+        std::uint64_t wanted = 0, copied = 0, calls = 0, packed = 0;
+        if (execution.ok() && first.ok()) {
+            for (const TensorLease& lease : slot.leases()) {
+                if (!lease.copy_back) continue;  // In args, and Device args (never copied back)
+                ++wanted;
+                if (packed_lease(slot, lease)) {
+                    ++packed;
+                    continue;
+                }
+                Status back = async().copy_from_device_async(lease.host, lease.device, lease.bytes, stream);
+                if (!back) {
+                    if (first.ok()) first = copy_failure("finish: copy back", lease.bytes, back);
+                    continue;
+                }
+                copied += lease.bytes;
+                ++calls;
             }
-            if (packed_lease(slot, lease)) {
-                ++packed;
-                continue;
-            }
-            Status back = async().copy_from_device_async(lease.host, lease.device, lease.bytes, stream);
-            if (!back) {
-                if (first.ok()) first = copy_failure("finish: copy back", lease.bytes, back);
-                continue;
-            }
-            copied += lease.bytes;
-            ++calls;
         }
+        const std::uint64_t skipped = slot.staged - wanted;
         if constexpr (pack_limit > 0) {
             if (packed > 0) {
                 const StagingLayout& layout = slot.layout;
@@ -319,8 +318,8 @@ public:
         }
         const std::span<const TensorArg> args(slot.frame_args.data(), shapes.size());
         detail::PlanPass pass;
-        Status planned = pass.run(args, Strategy::alignment, std::numeric_limits<std::size_t>::max(),
-                                  [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
+        Status planned = pass.run<true>(args, Strategy::alignment, std::numeric_limits<std::size_t>::max(),
+                                        [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
         Result<StagingLayout> layout = planned.ok() ? pass.finish() : Result<StagingLayout>(planned);
         if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
         if (Status grown = grow(index, *layout); !grown) return grown;
@@ -444,12 +443,17 @@ private:
     static constexpr std::size_t pack_limit = detail::pack_limit_of<Strategy>();
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
     static constexpr bool immediate = detail::SlotFence<Async>::immediate;
+    // Retained and unpacked (the default): plan, slice and lease fused in one pass.
+    static constexpr bool fused = retained && pack_limit == 0;
+    // Sizes and offsets up to a quarter of the address space cannot overflow when added and aligned.
+    static constexpr std::size_t small_size = std::numeric_limits<std::size_t>::max() >> 2;
 
     struct Slot {
         explicit Slot(Strategy s) : strategy(std::move(s)) {}
         Strategy strategy;
         std::vector<TensorLease> lease_storage;  // only grows; the first lease_count are the run's
         std::size_t lease_count = 0;
+        std::size_t staged = 0;  // leases of staged args (the others are Device args)
         std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
         std::vector<TensorArg> device_args;  // only grows
         StagingLayout layout;                // of the bound (or last finished) run
@@ -509,12 +513,30 @@ private:
         if (Status ready = make_ready(index, stream, frame || pack_limit > 0); !ready) return ready;
         if (Status sized = size_for(slot, args.size()); !sized) return sized;
 
+        if constexpr (fused) {
+            // Plan, slice and lease in one pass against the buffer held; a plan that outgrows it
+            // grows the buffer and is sliced again (only then). Uploads follow in one loop.
+            Result<std::size_t> required = slice(slot, args);
+            if (!required) return Status(required.status().code(), with_backend(required.status().message()));
+            slot.layout = StagingLayout{};
+            slot.layout.required_bytes = *required;
+            if (live_runs() > 0) {
+                if (Status overlap = check_overlap(index, args); !overlap) return overlap;
+            }
+            if (*required > slot.strategy.capacity()) {
+                if (Status grown = grow(index, slot.layout); !grown) return grown;
+                (void)slice(slot, args);
+            }
+            bool enqueued = false;
+            if (Status uploaded = upload(slot, stream, enqueued); !uploaded) return failed_bind(slot, stream, enqueued, uploaded);
+            return bound(index, args.size(), stream);
+        }
         if (frame) {
             slot.layout = slot.frame_layout;
         } else {
             detail::PlanPass pass;
-            Status planned =
-                pass.run(args, Strategy::alignment, pack_limit, [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
+            Status planned = pass.run<(pack_limit > 0)>(args, Strategy::alignment, pack_limit,
+                                                        [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
             Result<StagingLayout> layout = planned.ok() ? pass.finish() : Result<StagingLayout>(planned);
             if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
             slot.layout = *layout;
@@ -532,19 +554,94 @@ private:
         } else {
             staged = stage<false>(slot, args, stream, enqueued);
         }
-        if (!staged) {
-            if (enqueued) (void)slot.fence.record(async(), stream);  // what went out must complete first
-            slot.uses_mirror = slot.uses_mirror || (enqueued && slot.layout.upload_end > 0);
-            if (Status released = release_leases(slot); !released) sink_(released);
-            return staged;
-        }
+        if (!staged) return failed_bind(slot, stream, enqueued, staged);
         if (frame) slot.framed = false;
+        return bound(index, args.size(), stream);
+    }
+
+    Result<StagedRun> bound(std::size_t index, std::size_t count, Stream stream) noexcept {
+        Slot& slot = slots_[index];
         slot.live = true;
         slot.bind_stream = stream;
         slot.bound_at = ++ticks_;
         ++stats_.runs;
         stats_.high_water_bytes = std::max<std::uint64_t>(stats_.high_water_bytes, slot.layout.required_bytes);
-        return StagedRun(this, index, {slot.device_args.data(), args.size()}, slot.leases());
+        return StagedRun(this, index, {slot.device_args.data(), count}, slot.leases());
+    }
+
+    // Releases what a failed bind took; what it already enqueued completes first.
+    Status failed_bind(Slot& slot, Stream stream, bool enqueued, Status failure) noexcept {
+        if (enqueued) (void)slot.fence.record(async(), stream);
+        slot.uses_mirror = slot.uses_mirror || (enqueued && slot.layout.upload_end > 0);
+        if (Status released = release_leases(slot); !released) sink_(released);
+        return failure;
+    }
+
+    // The fused pass of a retained, unpacked strategy: validates each arg (the plan's predicate
+    // and layout rule), and writes its lease and device arg against the buffer held. Returns
+    // the bytes the run requires; the slices are valid when that is within the capacity.
+    Result<std::size_t> slice(Slot& slot, std::span<const TensorArg> args) noexcept {
+        constexpr std::size_t mask = Strategy::alignment - 1;
+        const auto base = reinterpret_cast<std::uintptr_t>(slot.strategy.base());
+        TensorLease* const leases = slot.lease_storage.data();
+        TensorArg* const device_args = slot.device_args.data();
+        std::size_t count = 0, external = 0, end = 0;
+        for (std::size_t index = 0; index < args.size(); ++index) {
+            const TensorArg& arg = args[index];
+            TensorArg& device_arg = device_args[index];
+            const detail::ArgCheck check = detail::check_arg(arg);
+            if (check != detail::ArgCheck::staged) [[unlikely]] {
+                if (check == detail::ArgCheck::skipped) {
+                    device_arg = TensorArg{nullptr, 0, arg.direction, Placement::Device};
+                } else if (check == detail::ArgCheck::external) {
+                    leases[count++] = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
+                    device_arg = arg;
+                    ++external;
+                } else {
+                    slot.lease_count = 0;
+                    return detail::plan_failure(check, index, arg, end, Strategy::alignment);
+                }
+                continue;
+            }
+            const std::size_t offset = end;
+            if ((arg.bytes | offset) > small_size) [[unlikely]] {  // below it, nothing can wrap
+                std::size_t padded = 0, next = 0;
+                if (__builtin_add_overflow(arg.bytes, mask, &padded) || __builtin_add_overflow(offset, padded & ~mask, &next)) {
+                    slot.lease_count = 0;
+                    return detail::plan_failure(detail::ArgCheck::staged, index, arg, offset, Strategy::alignment);
+                }
+            }
+            end = offset + ((arg.bytes + mask) & ~mask);
+            // Integer arithmetic: past the capacity the pointers are not used (the run grows).
+            void* const device = reinterpret_cast<void*>(base + offset);
+            leases[count++] = TensorLease{arg.data, device, arg.bytes, copies_back(arg.direction), ReleaseKind::BufferNoop,
+                                          nullptr, uploads(arg.direction)};
+            device_arg = TensorArg{device, arg.bytes, arg.direction, Placement::Device};
+        }
+        slot.lease_count = count;
+        slot.staged = count - external;
+        return end;
+    }
+
+    // The uploads of the leases sliced by slice().
+    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
+        std::uint64_t uploaded = 0, calls = 0;
+        Status status;
+        for (const TensorLease& lease : slot.leases()) {
+            if (!lease.upload) continue;  // Out args, and Device args
+            if (Status copied = async().copy_to_device_async(lease.device, lease.host, lease.bytes, stream); !copied) {
+                status = copy_failure("bind: upload", lease.bytes, copied);
+                break;
+            }
+            enqueued = true;
+            uploaded += lease.bytes;
+            ++calls;
+        }
+        if (status.ok()) stats_.uploads_skipped += slot.staged - calls;
+        stats_.bytes_to_device += uploaded;
+        stats_.uploads += calls;
+        if constexpr (!immediate) stats_.async_uploads += calls;
+        return status;
     }
 
     // Before a slot is used on `stream`: settle what completed; order `stream` after the
@@ -582,28 +679,30 @@ private:
         TensorArg* const device_args = slot.device_args.data();
         std::size_t count = 0;
         std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0, host_copied = 0;
+        std::size_t external = 0;
         Status status;
         for (std::size_t index = 0; index < args.size(); ++index) {
             const TensorArg& arg = args[index];
             TensorArg& device_arg = device_args[index];
-            if (arg.bytes == 0) {
-                device_arg = TensorArg{nullptr, 0, arg.direction, Placement::Device};
-                continue;
-            }
-            if (arg.placement == Placement::Device) {
-                leases[count++] = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
-                device_arg = arg;
+            if (!detail::is_staged(arg)) [[unlikely]] {  // the plan refused every invalid arg
+                if (arg.bytes == 0) {
+                    device_arg = TensorArg{nullptr, 0, arg.direction, Placement::Device};
+                } else {
+                    leases[count++] = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
+                    device_arg = arg;
+                    ++external;
+                }
                 continue;
             }
             TensorLease& lease = leases[count];
             std::size_t group = static_cast<std::size_t>(PackGroup::direct);
             std::size_t offset = 0;
             if constexpr (retained) {
-                group = static_cast<std::size_t>(detail::group_of(arg, limit));
+                if constexpr (limit > 0) group = static_cast<std::size_t>(detail::group_of(arg, limit));
                 offset = next[group];
                 next[group] += aligned(arg.bytes);
                 lease = TensorLease{arg.data,          base + offset, arg.bytes, copies_back(arg.direction),
-                                    ReleaseKind::BufferNoop, nullptr};
+                                    ReleaseKind::BufferNoop, nullptr,        uploads(arg.direction)};
             } else {
                 const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
                 if (Status acquired = slot.strategy.acquire(*backend_, tensor, arg, lease, stats_); !acquired) {
@@ -644,6 +743,7 @@ private:
             ++calls;
         }
         slot.lease_count = count;
+        slot.staged = count - external;
         if (status.ok() && slot.layout.upload_end > 0) {
             const std::size_t bytes = slot.layout.upload_end;  // one copy: every packed In/InOut byte
             if (Status copied = async().copy_to_device_async(base, mirror, bytes, stream); !copied) {

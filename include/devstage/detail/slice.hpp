@@ -38,7 +38,8 @@ Status slice_lease(void* base, std::size_t capacity, const PlannedTensor& tensor
                         tensor.bytes,
                         copies_back(arg.direction),
                         ReleaseKind::BufferNoop,
-                        nullptr};
+                        nullptr,
+                        uploads(arg.direction)};
     return {};
 }
 

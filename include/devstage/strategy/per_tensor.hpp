@@ -42,8 +42,8 @@ public:
         Result<detail::AlignedAllocation> allocated =
             detail::allocate_aligned<Alignment>(backend, tensor.bytes, "per-tensor device allocation", stats);
         if (!allocated) return allocated.status();
-        lease = TensorLease{arg.data,          allocated->base,      tensor.bytes, copies_back(arg.direction),
-                            ReleaseKind::Free, allocated->allocation};
+        lease = TensorLease{arg.data,          allocated->base,       tensor.bytes,          copies_back(arg.direction),
+                            ReleaseKind::Free, allocated->allocation, uploads(arg.direction)};
         return {};
     }
 
