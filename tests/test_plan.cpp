@@ -89,3 +89,39 @@ TEST_CASE("plan: assign reuses the plan and resets it on error", "[plan]") {
     REQUIRE(plan.assign(none, 64).ok());
     CHECK(plan.required_bytes() == 0);
 }
+
+TEST_CASE("plan: an alignment that is not a power of two is invalid_argument", "[plan]") {
+    std::array<std::byte, 8> host{};
+    const TensorArg args[] = {{host.data(), 8}};
+    for (const std::size_t alignment : {std::size_t{0}, std::size_t{3}, std::size_t{1000}}) {
+        CAPTURE(alignment);
+        auto plan = StagingPlan::build(args, alignment);
+        REQUIRE_FALSE(plan.ok());
+        CHECK(plan.status().code() == Errc::invalid_argument);
+        CHECK_THAT(plan.status().message(), Catch::Contains("not a power of two"));
+    }
+}
+
+TEST_CASE("plan: with a packing limit, small args lead grouped In, InOut, Out", "[plan][packing]") {
+    std::array<std::byte, 8192> host{};
+    const TensorArg args[] = {
+        {host.data(), 100, Direction::Out},  {host.data(), 5000, Direction::In}, {host.data(), 200, Direction::In},
+        {host.data(), 300, Direction::InOut}, {host.data(), 50, Direction::In},
+    };
+    auto plan = StagingPlan::build(args, 1024, 4096);
+    REQUIRE(plan.ok());
+    const auto t = plan->tensors();
+    REQUIRE(t.size() == 5);
+    CHECK(t[2].offset == 0);     // In
+    CHECK(t[4].offset == 1024);  // In
+    CHECK(t[3].offset == 2048);  // InOut
+    CHECK(t[0].offset == 3072);  // Out
+    CHECK(t[1].offset == 4096);  // direct
+    CHECK(t[1].group == devstage::PackGroup::direct);
+    const auto& layout = plan->layout();
+    CHECK(layout.packed_bytes == 4096);
+    CHECK(layout.upload_end == 2048 + 300);          // In + InOut, no Out byte
+    CHECK(layout.copy_back_begin == 2048);           // InOut + Out, no In byte
+    CHECK(layout.copy_back_end == 3072 + 100);
+    CHECK(plan->required_bytes() == 4096 + 5120);
+}

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "devstage/strategy/packing.hpp"
 #include "support.hpp"
 
 using StagingBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
@@ -115,4 +116,153 @@ TEST_CASE("stager: pipeline slots let a second run bind while the first is live"
     CHECK(stager.stats().regrows == 2);
     Stager<MockBackend> zero(mock, RetainedBump<>{}, 0);  // 0 slots means 1
     CHECK(zero.pipeline_slots() == 1);
+}
+
+TEMPLATE_TEST_CASE("stager: a placement or direction outside its enum is refused, nothing taken",
+                   "[stager][args]", RetainedBump<>, PerTensorMalloc<>, (RetainedBump<ExactGrowth, 1024, PackSmall<>>)) {
+    // A C caller can hand over any byte: the plan and the staging pass must agree on it (a
+    // disagreement once read past host buffers).
+    MockBackend mock;
+    Stager<MockBackend, TestType> stager(mock);
+    test::HostRun host = decode_like(51);
+    test::HostRun bad = host;
+    bad.relink();
+    bad.args[1].placement = static_cast<Placement>(7);
+    auto placement = stager.bind(bad.args);
+    REQUIRE_FALSE(placement.ok());
+    CHECK(placement.status().code() == Errc::invalid_argument);
+    CHECK_THAT(placement.status().message(), Catch::Contains("arg 1") && Catch::Contains("placement 7") &&
+                                                 Catch::Contains("mock"));
+    bad.args[1].placement = Placement::Host;
+    bad.args[2].direction = static_cast<Direction>(9);  // a zero-byte arg: still refused
+    auto direction = stager.bind(bad.args);
+    REQUIRE_FALSE(direction.ok());
+    CHECK_THAT(direction.status().message(), Catch::Contains("arg 2") && Catch::Contains("direction 9"));
+    CHECK(mock.calls(MockOp::device_malloc) == 0);
+    CHECK(mock.calls(MockOp::copy_to_device) == 0);
+    CHECK(stager.live_runs() == 0);
+    CHECK(run_once(stager, mock, host).ok());
+}
+
+TEST_CASE("stager: const inputs bind through TensorArg::in", "[stager][args]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock);
+    const std::vector<std::int32_t> tokens{1, 2, 3, 4};
+    std::vector<float> logits(8);
+    const TensorArg args[] = {TensorArg::in(tokens.data(), tokens.size() * sizeof(std::int32_t)),
+                              TensorArg::out(logits.data(), logits.size() * sizeof(float))};
+    STATIC_REQUIRE(TensorArg::in(nullptr, 0).direction == Direction::In);
+    auto run = stager.bind(args);
+    REQUIRE(run.ok());
+    CHECK(test::read_device(mock, run->device_args()[0].data, 16) ==
+          std::vector<std::byte>(reinterpret_cast<const std::byte*>(tokens.data()),
+                                 reinterpret_cast<const std::byte*>(tokens.data()) + 16));
+    REQUIRE(stager.finish(std::move(*run)).ok());
+}
+
+TEST_CASE("stager: release gives back the per-arg host bookkeeping too", "[stager]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock, RetainedBump<>{}, 2);
+    test::HostRun host;
+    for (std::uint32_t i = 0; i < 5000; ++i) host.add(8, Direction::In, i);
+    CHECK(run_once(stager, mock, host).ok());
+    CHECK(stager.bookkeeping_bytes() >= 5000 * (sizeof(TensorLease) + sizeof(TensorArg)));
+    REQUIRE(stager.release().ok());
+    CHECK(stager.bookkeeping_bytes() == 0);
+    CHECK(run_once(stager, mock, host).ok());  // and grows again when needed
+}
+
+TEST_CASE("stager: bind_slot binds the slot the caller picks", "[stager][slots]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock, RetainedBump<>{}, 2);
+    test::HostRun a = decode_like(61), b = decode_like(62);
+    CHECK(stager.bind_slot(2, a.args).status().code() == Errc::invalid_argument);
+    CHECK_THAT(stager.bind_slot(2, a.args).status().message(), Catch::Contains("slot 2 out of range"));
+    for (const std::size_t slot : {1u, 0u, 1u, 0u}) {
+        auto run = stager.bind_slot(slot, a.args);
+        REQUIRE(run.ok());
+        CHECK(run->slot() == slot);
+        CHECK(run->device_args()[0].data == stager.strategy(slot).base());
+        auto busy = stager.bind_slot(slot, b.args);
+        CHECK(busy.status().code() == Errc::busy);
+        CHECK_THAT(busy.status().message(), Catch::Contains("live run"));
+        REQUIRE(test::fake_kernel(mock, run->device_args(), a.args).ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+    }
+    CHECK(stager.stats().regrows == 2);  // one buffer per slot, each grown once
+}
+
+TEST_CASE("stager: reserve grows every slot ahead of time; address changes are counted", "[stager][addresses]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock, RetainedBump<>{}, 2);
+    test::HostRun small = decode_like(71, 1), large = decode_like(72, 8);
+    REQUIRE(run_once(stager, mock, small).ok());
+    CHECK(stager.stats().address_changes == 0);  // a first allocation is not a move
+    REQUIRE(run_once(stager, mock, large).ok());
+    CHECK(stager.stats().address_changes == 1);  // the grow moved slot 0
+    REQUIRE(stager.reserve(std::size_t{1} << 20).ok());
+    CHECK(stager.strategy(0).capacity() >= std::size_t{1} << 20);
+    CHECK(stager.strategy(1).capacity() >= std::size_t{1} << 20);
+    CHECK(stager.stats().address_changes == 2);  // slot 0 moved again; slot 1's first allocation
+    const void* base0 = stager.strategy(0).base();
+    for (int i = 0; i < 5; ++i) REQUIRE(run_once(stager, mock, large).ok());
+    CHECK(stager.strategy(0).base() == base0);
+    CHECK(stager.stats().address_changes == 2);  // reserved: runs up to 1 MiB never move
+    auto live = stager.bind(small.args);
+    REQUIRE(live.ok());
+    CHECK(stager.reserve(std::size_t{2} << 20).code() == Errc::busy);
+    REQUIRE(stager.finish(std::move(*live)).ok());
+    REQUIRE(stager.release().ok());
+    REQUIRE(run_once(stager, mock, small).ok());
+    CHECK(stager.stats().address_changes == 3);  // a new base after release() counts
+}
+
+TEST_CASE("stager: a slot adopts a buffer another owner allocated, and detaches it without freeing",
+          "[stager][ownership]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock, RetainedBump<>{}, 2);
+    auto platform = mock.device_malloc(64 << 10);  // the platform's buffer for slot 1
+    REQUIRE(platform.ok());
+    REQUIRE(stager.adopt(1, *platform, 64 << 10).ok());
+    CHECK(stager.strategy(1).base() == *platform);
+    CHECK(stager.adopt(1, *platform, 64 << 10).code() == Errc::busy);  // the slot holds a buffer
+    CHECK(stager.adopt(5, *platform, 64 << 10).code() == Errc::invalid_argument);
+    test::HostRun host = decode_like(81);
+    auto run = stager.bind_slot(1, host.args);
+    REQUIRE(run.ok());
+    CHECK(run->device_args()[0].data == *platform);
+    CHECK(stager.detach(1).status().code() == Errc::busy);  // a live run uses it
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    CHECK(mock.calls(MockOp::device_malloc) == 1);  // the platform's; the stager made none
+    auto detached = stager.detach(1);
+    REQUIRE(detached.ok());
+    CHECK(detached->allocation == *platform);
+    CHECK(detached->bytes == 64 << 10);
+    CHECK(stager.strategy(1).capacity() == 0);
+    REQUIRE(stager.release().ok());
+    CHECK(mock.live_device_allocations() == 1);  // still the platform's
+    REQUIRE(mock.device_free(*platform).ok());
+}
+
+TEST_CASE("stager: a bind reading state a live run will still copy back is refused, naming both args",
+          "[stager][slots]") {
+    MockBackend mock;
+    Stager<MockBackend> stager(mock, RetainedBump<>{}, 2);
+    test::HostRun step = decode_like(91);  // arg 3 is the InOut KV cache
+    auto first = stager.bind(step.args);
+    REQUIRE(first.ok());
+    auto second = stager.bind(step.args);
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().code() == Errc::busy);
+    CHECK_THAT(second.status().message(), Catch::Contains("arg 3") && Catch::Contains("2048 bytes") &&
+                                              Catch::Contains("slot 0") && Catch::Contains("finish that run first"));
+    // Disjoint host memory pipelines fine.
+    test::HostRun other = decode_like(92);
+    auto independent = stager.bind(other.args);
+    REQUIRE(independent.ok());
+    REQUIRE(stager.finish(std::move(*first)).ok());
+    REQUIRE(stager.finish(std::move(*independent)).ok());
+    auto after = stager.bind(step.args);  // finished: the state is current
+    REQUIRE(after.ok());
+    REQUIRE(stager.finish(std::move(*after)).ok());
 }

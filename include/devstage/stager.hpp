@@ -397,8 +397,15 @@ public:
         }
         for (std::size_t index = 0; index < slots_.size(); ++index) {
             settle(index);
-            Status freed = slots_[index].strategy.release_retained(*backend_, stats_);
+            Slot& slot = slots_[index];
+            Status freed = slot.strategy.release_retained(*backend_, stats_);
             if (first.ok()) first = std::move(freed);
+            // The per-arg host bookkeeping goes too: the next bind sizes it again.
+            slot.lease_count = slot.staged = 0;
+            std::vector<TensorLease>().swap(slot.lease_storage);
+            std::vector<TensorArg>().swap(slot.device_args);
+            std::vector<TensorArg>().swap(slot.frame_args);
+            std::vector<void*>().swap(slot.deferred);
         }
         return first;
     }
@@ -435,6 +442,17 @@ public:
             std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
     }
     B& backend() const noexcept { return *backend_; }
+    /// Host memory the stager holds for its per-arg state (leases, device args, frames); it
+    /// grows to the largest run and is given back by release().
+    std::size_t bookkeeping_bytes() const noexcept {
+        std::size_t bytes = 0;
+        for (const Slot& slot : slots_) {
+            bytes += slot.lease_storage.capacity() * sizeof(TensorLease) +
+                     (slot.device_args.capacity() + slot.frame_args.capacity()) * sizeof(TensorArg) +
+                     slot.deferred.capacity() * sizeof(void*);
+        }
+        return bytes;
+    }
     /// Where failures with no caller to return to (a dropped run, an unwatched Completion, a
     /// replaced buffer whose free failed, the destructor) are reported.
     void set_error_sink(ErrorSink sink) noexcept { sink_ = sink; }
