@@ -312,6 +312,12 @@ public:
         const std::size_t index = *free;
         Slot& slot = slots_[index];
         settle(index);
+        if (slot.frame_args.capacity() < shapes.size() && !slot.frame_args.empty()) {
+            // Keep the old storage: a stale frame's args still point there, and a bind of them
+            // must be recognized (and refused), not read as freed memory.
+            if (Status kept = keep(slot.retired_frames, std::move(slot.frame_args)); !kept) return kept;
+            slot.frame_args = {};
+        }
         if (Status sized = resize(slot.frame_args, shapes.size()); !sized) return sized;
         for (std::size_t i = 0; i < shapes.size(); ++i) {
             slot.frame_args[i] = TensorArg{this, shapes[i].bytes, shapes[i].direction, Placement::Host};
@@ -404,7 +410,6 @@ public:
             slot.lease_count = slot.staged = 0;
             std::vector<TensorLease>().swap(slot.lease_storage);
             std::vector<TensorArg>().swap(slot.device_args);
-            std::vector<TensorArg>().swap(slot.frame_args);
             std::vector<void*>().swap(slot.deferred);
         }
         return first;
@@ -442,13 +447,14 @@ public:
             std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
     }
     B& backend() const noexcept { return *backend_; }
-    /// Host memory the stager holds for its per-arg state (leases, device args, frames); it
-    /// grows to the largest run and is given back by release().
+    /// Host memory the stager holds for its per-arg state (leases, device args); it grows to
+    /// the largest run and is given back by release(). (The arg lists of frames stay, so that
+    /// a stale frame is recognized.)
     std::size_t bookkeeping_bytes() const noexcept {
         std::size_t bytes = 0;
         for (const Slot& slot : slots_) {
             bytes += slot.lease_storage.capacity() * sizeof(TensorLease) +
-                     (slot.device_args.capacity() + slot.frame_args.capacity()) * sizeof(TensorArg) +
+                     slot.device_args.capacity() * sizeof(TensorArg) +
                      slot.deferred.capacity() * sizeof(void*);
         }
         return bytes;
@@ -486,7 +492,8 @@ private:
         bool uses_mirror = false;             // pending work reads or writes the mirror
         Stream bind_stream{};
         std::uint64_t bound_at = 0;           // for "the slot bound longest ago"
-        std::vector<TensorArg> frame_args;    // only grows
+        std::vector<TensorArg> frame_args;    // only grows; kept by release(): frames point here
+        std::vector<std::vector<TensorArg>> retired_frames;  // outgrown frame storage, for stale frames
         StagingLayout frame_layout;
         std::size_t frame_count = 0;
         std::uint64_t frame_generation = 0;
@@ -1042,6 +1049,9 @@ private:
         for (std::size_t index = 0; index < slots_.size(); ++index) {
             const Slot& slot = slots_[index];
             any_framed = any_framed || slot.framed;
+            for (const std::vector<TensorArg>& retired : slot.retired_frames) {
+                if (args.data() == retired.data()) return SlotChoice(stale_frame(index));
+            }
             if (args.data() != slot.frame_args.data()) continue;
             if (!slot.framed || args.size() != slot.frame_count) return SlotChoice(stale_frame(index));
             return SlotChoice(index);
@@ -1125,6 +1135,19 @@ private:
 #endif
         return {};
     }
+    static Status keep(std::vector<std::vector<TensorArg>>& retired, std::vector<TensorArg>&& storage) noexcept {
+#if defined(__cpp_exceptions)
+        try {
+            retired.push_back(std::move(storage));
+        } catch (const std::bad_alloc&) {
+            return Status(Errc::out_of_memory, "stager frame: host memory for the frame's args could not be allocated");
+        }
+#else
+        retired.push_back(std::move(storage));
+#endif
+        return {};
+    }
+
     Status size_for(Slot& slot, std::size_t count) noexcept {
         if (Status leases = resize(slot.lease_storage, count); !leases) return leases;
         return resize(slot.device_args, count);

@@ -6,11 +6,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
 namespace devstage {
 
@@ -54,21 +55,47 @@ constexpr std::string_view to_string(Errc code) noexcept {
 
 /// Outcome of an operation: ok, or an Errc with a message naming the operation, the sizes
 /// involved and the backend. `if (Status s = f(); !s) log(s.message());`
+///
+/// An ok Status holds nothing but its code, so making, moving and dropping one on a hot path
+/// costs a few instructions; an error keeps its message on the heap.
 class [[nodiscard]] Status {
 public:
     Status() noexcept = default;
     /// An error. Contract: `code != Errc::ok` (an ok code makes an ok Status, message dropped).
-    Status(Errc code, std::string message) noexcept
-        : code_(code), message_(code == Errc::ok ? std::string() : std::move(message)) {}
+    Status(Errc code, std::string message) noexcept : code_(code) {
+        if (code == Errc::ok) return;
+#if defined(__cpp_exceptions)
+        try {
+            message_.reset(new std::string(std::move(message)));
+        } catch (...) {  // no host memory for the message: the code still tells
+        }
+#else
+        message_.reset(new std::string(std::move(message)));
+#endif
+    }
+    Status(const Status& other) noexcept : Status(other.code_, other.ok() ? std::string() : other.message()) {}
+    Status(Status&& other) noexcept = default;
+    Status& operator=(const Status& other) noexcept {
+        if (this != &other) *this = Status(other);
+        return *this;
+    }
+    Status& operator=(Status&& other) noexcept = default;
+    ~Status() = default;
 
     bool ok() const noexcept { return code_ == Errc::ok; }
     Errc code() const noexcept { return code_; }
-    const std::string& message() const noexcept { return message_; }
+    /// Empty when ok (or when no host memory was left to keep an error's message).
+    const std::string& message() const noexcept { return message_ != nullptr ? *message_ : empty(); }
     explicit operator bool() const noexcept { return ok(); }
 
 private:
+    static const std::string& empty() noexcept {
+        static const std::string none;
+        return none;
+    }
+
     Errc code_ = Errc::ok;
-    std::string message_;
+    std::unique_ptr<std::string> message_;
 };
 
 /// A T, or the non-ok Status that explains why there is none.
@@ -79,35 +106,32 @@ class [[nodiscard]] Result {
 
 public:
     Result(T value) noexcept(std::is_nothrow_move_constructible_v<T>)  // NOLINT(google-explicit-constructor)
-        : state_(std::in_place_index<0>, std::move(value)) {}
+        : value_(std::move(value)) {}
     /// Contract: `status` is not ok; an ok Status becomes backend_failure so that a Result
     /// never claims a value it does not hold.
     Result(Status status) noexcept  // NOLINT(google-explicit-constructor)
-        : state_(std::in_place_index<1>,
-                 status.ok() ? Status(Errc::backend_failure, "Result built from an ok Status without a value")
-                             : std::move(status)) {}
+        : status_(status.ok() ? Status(Errc::backend_failure, "Result built from an ok Status without a value")
+                              : std::move(status)) {}
 
-    bool ok() const noexcept { return state_.index() == 0; }
+    bool ok() const noexcept { return value_.has_value(); }
     explicit operator bool() const noexcept { return ok(); }
 
     /// Precondition: ok().
-    T& value() & noexcept { return *std::get_if<0>(&state_); }
-    const T& value() const& noexcept { return *std::get_if<0>(&state_); }
-    T&& value() && noexcept { return std::move(*std::get_if<0>(&state_)); }
+    T& value() & noexcept { return *value_; }
+    const T& value() const& noexcept { return *value_; }
+    T&& value() && noexcept { return std::move(*value_); }
     T& operator*() & noexcept { return value(); }
     const T& operator*() const& noexcept { return value(); }
     T&& operator*() && noexcept { return std::move(*this).value(); }
-    T* operator->() noexcept { return std::get_if<0>(&state_); }
-    const T* operator->() const noexcept { return std::get_if<0>(&state_); }
+    T* operator->() noexcept { return &*value_; }
+    const T* operator->() const noexcept { return &*value_; }
 
     /// The error, or an ok Status when a value is held.
-    Status status() const noexcept {
-        if (const Status* s = std::get_if<1>(&state_)) return *s;
-        return Status();
-    }
+    Status status() const noexcept { return status_; }
 
 private:
-    std::variant<T, Status> state_;
+    std::optional<T> value_;
+    Status status_;  // ok exactly when value_ holds a value
 };
 
 /// The default error sink: `devstage: <errc>: <message>` on stderr.

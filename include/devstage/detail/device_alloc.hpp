@@ -4,6 +4,7 @@
 // backend's promised alignment, and over-allocated when the caller needs more alignment.
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "devstage/backend.hpp"
@@ -40,11 +41,12 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     }
     ++stats.device_mallocs;
     if (*pointer == nullptr || !is_aligned(*pointer, B::device_alignment)) {
+        const std::string refused = message(what, ": backend '", backend.name(), "' returned ",
+                                            static_cast<const void*>(*pointer), " for ", *total,
+                                            " bytes, not aligned to its device_alignment ", B::device_alignment);
         ++stats.device_frees;
         (void)backend.device_free(*pointer);
-        return Status(Errc::backend_failure,
-                      message(what, ": backend '", backend.name(), "' returned ", static_cast<const void*>(*pointer),
-                              " for ", *total, " bytes, not aligned to its device_alignment ", B::device_alignment));
+        return Status(Errc::backend_failure, refused);
     }
     return AlignedAllocation{*pointer, align_pointer(*pointer, Alignment), *total};
 }

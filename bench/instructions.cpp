@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU cost of staging, counted in instructions (deterministic, unlike a clock): bind+finish of
+// a run of mixed tensors over a backend whose copies do nothing, beside a bare prefix sum of
+// the same aligned sizes. Run under valgrind's callgrind with --toggle-collect='*measure_*'
+// (bench/instructions.sh does, and divides by runs x tensors).
+//
+//   instructions MODE [tensors (default 1000)] [runs (default 10)]
+//   MODE: retained | packed | per-tensor | prefix-sum
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "devstage/devstage.hpp"
+
+namespace {
+using namespace devstage;
+
+// Device and pinned memory from the host allocator; copies that do nothing.
+class NullCopyBackend {
+public:
+    static constexpr std::size_t device_alignment = 256;
+    std::string_view name() const noexcept { return "null-copy"; }
+    Result<void*> device_malloc(std::size_t n) noexcept { return allocate(n); }
+    Status device_free(void* p) noexcept {
+        std::free(p);
+        return {};
+    }
+    Result<void*> pinned_malloc(std::size_t n) noexcept { return allocate(n); }
+    Status pinned_free(void* p) noexcept {
+        std::free(p);
+        return {};
+    }
+    Status copy_to_device(void*, const void*, std::size_t) noexcept { return {}; }
+    Status copy_from_device(void*, const void*, std::size_t) noexcept { return {}; }
+
+private:
+    static Result<void*> allocate(std::size_t n) noexcept {
+        void* p = std::aligned_alloc(device_alignment, (n + device_alignment - 1) / device_alignment * device_alignment);
+        if (p == nullptr) return Status(Errc::out_of_memory, "null-copy: out of memory");
+        return p;
+    }
+};
+
+std::vector<TensorArg> make_args(std::size_t count, std::vector<std::byte>& host) {
+    host.assign(std::size_t{70} << 10, std::byte{1});
+    std::vector<TensorArg> args;
+    for (std::size_t i = 0; i < count; ++i) {
+        args.push_back(TensorArg{host.data(), 512 + (i * 7919) % 65536, static_cast<Direction>(i % 3)});
+    }
+    return args;
+}
+
+template <class S>
+[[gnu::noinline]] void measure_bind_finish(S& stager, const std::vector<TensorArg>& args, int runs) {
+    for (int r = 0; r < runs; ++r) {
+        auto run = stager.bind(args);
+        if (!run || !stager.finish(std::move(*run))) std::abort();
+    }
+}
+
+[[gnu::noinline]] void measure_prefix_sum(const std::vector<TensorArg>& args, std::vector<std::size_t>& offsets,
+                                          int runs) {
+    for (int r = 0; r < runs; ++r) {
+        std::size_t end = 0;
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            offsets[i] = end;
+            end += (args[i].bytes + 1023) & ~std::size_t{1023};
+        }
+        asm volatile("" : : "r"(offsets.data()), "r"(end) : "memory");
+    }
+}
+
+template <class Strategy>
+int stage(const std::vector<TensorArg>& args, int runs) {
+    NullCopyBackend backend;
+    Stager<NullCopyBackend, Strategy> stager(backend);
+    auto first = stager.bind(args);  // outside the collection: the first run grows
+    if (!first || !stager.finish(std::move(*first))) return 1;
+    measure_bind_finish(stager, args, runs);
+    return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string_view mode = argc > 1 ? argv[1] : "retained";
+    const std::size_t tensors = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1000;
+    const int runs = argc > 3 ? std::atoi(argv[3]) : 10;
+    std::vector<std::byte> host;
+    const std::vector<TensorArg> args = make_args(tensors, host);
+    if (mode == "retained") return stage<RetainedBump<>>(args, runs);
+    if (mode == "packed") return stage<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(args, runs);
+    if (mode == "per-tensor") return stage<PerTensorMalloc<>>(args, runs);
+    if (mode == "prefix-sum") {
+        std::vector<std::size_t> offsets(args.size());
+        measure_prefix_sum(args, offsets, runs);
+        return 0;
+    }
+    std::fprintf(stderr, "usage: instructions retained|packed|per-tensor|prefix-sum [tensors] [runs]\n");
+    return 2;
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Instructions per tensor of bind+finish, counted by valgrind's callgrind (deterministic),
+# beside a bare prefix sum of the same sizes. Usage: bench/instructions.sh EXECUTABLE [MAX]
+# Prints one line per mode; with MAX, exits 1 when RetainedBump costs more than MAX per tensor.
+set -euo pipefail
+exe=$1
+max=${2:-}
+tensors=1000
+runs=10
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+status=0
+for mode in retained packed per-tensor prefix-sum; do
+    valgrind --tool=callgrind --toggle-collect='*measure_*' --callgrind-out-file="$out/$mode" \
+        "$exe" "$mode" "$tensors" "$runs" >/dev/null 2>"$out/$mode.log"
+    total=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/$mode.log")
+    per=$(awk -v t="$total" -v n=$((tensors * runs)) 'BEGIN { printf "%.1f", t / n }')
+    echo "$mode $per"
+    if [ "$mode" = retained ] && [ -n "$max" ] && awk -v p="$per" -v m="$max" 'BEGIN { exit !(p > m) }'; then
+        echo "RetainedBump bind+finish costs $per instructions per tensor, above $max" >&2
+        status=1
+    fi
+done
+exit $status
