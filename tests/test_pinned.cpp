@@ -1,16 +1,150 @@
 // SPDX-License-Identifier: Apache-2.0
 // PinnedHostPool, PinnedBuffer, PinnedAllocator and PinnedMemoryResource: the pinned suite
-// over the simulator and the mock, plus policy facts that need no backend variety.
+// over the simulator and the mock (page-aligned and adversarially aligned), plus facts that
+// need a backend of their own: host memory exhaustion inside the pool, and a pool destroyed
+// while an allocation is in flight.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <memory_resource>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string_view>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "support.hpp"
 
-using PinnedBackends = std::tuple<devstage::SimBackend, devstage::MockBackend>;
+using PinnedBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
 #include "pinned_suite.hpp"
 
 using namespace devstage;
+
+// Host allocation failure on demand: while `allocations_until_failure` is k > 0, the k-th
+// operator new from now throws std::bad_alloc (once). The whole unaligned family is replaced,
+// so every new meets its own delete (aligned ones keep the library's pair).
+namespace {
+std::atomic<long> allocations_until_failure{0};
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+    if (allocations_until_failure.load(std::memory_order_relaxed) > 0 && allocations_until_failure.fetch_sub(1) == 1) {
+        throw std::bad_alloc();
+    }
+    if (void* pointer = std::malloc(bytes == 0 ? 1 : bytes)) return pointer;
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t bytes) {
+    return ::operator new(bytes);
+}
+void* operator new(std::size_t bytes, const std::nothrow_t& /*tag*/) noexcept {
+    try {
+        return ::operator new(bytes);
+    } catch (const std::bad_alloc&) {
+        return nullptr;
+    }
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept {
+    return ::operator new(bytes, tag);
+}
+// Out of line, so the compiler does not see free() meet a pointer from operator new.
+[[gnu::noinline]] void operator delete(void* pointer) noexcept {
+    std::free(pointer);
+}
+[[gnu::noinline]] void operator delete[](void* pointer) noexcept {
+    std::free(pointer);
+}
+[[gnu::noinline]] void operator delete(void* pointer, std::size_t /*bytes*/) noexcept {
+    std::free(pointer);
+}
+[[gnu::noinline]] void operator delete[](void* pointer, std::size_t /*bytes*/) noexcept {
+    std::free(pointer);
+}
+[[gnu::noinline]] void operator delete(void* pointer, const std::nothrow_t& /*tag*/) noexcept {
+    std::free(pointer);
+}
+[[gnu::noinline]] void operator delete[](void* pointer, const std::nothrow_t& /*tag*/) noexcept {
+    std::free(pointer);
+}
+
+namespace {
+
+// A PinnedHostBackend over malloc, which never calls operator new: injected host allocation
+// failures reach the pool only.
+class MallocBackend {
+public:
+    static constexpr std::size_t device_alignment = 64;
+    std::string_view name() const noexcept { return "malloc"; }
+    Result<void*> device_malloc(std::size_t /*bytes*/) noexcept {
+        return Status(Errc::not_supported, "malloc device_malloc: no device");
+    }
+    Status device_free(void* /*pointer*/) noexcept { return {}; }
+    Status copy_to_device(void* /*dst*/, const void* /*src*/, std::size_t /*bytes*/) noexcept { return {}; }
+    Status copy_from_device(void* /*dst*/, const void* /*src*/, std::size_t /*bytes*/) noexcept { return {}; }
+    Result<void*> pinned_malloc(std::size_t bytes) noexcept {
+        void* pointer = std::malloc(bytes);
+        if (pointer == nullptr) return Status(Errc::out_of_memory, "malloc pinned_malloc failed");
+        ++live;
+        return pointer;
+    }
+    Status pinned_free(void* pointer) noexcept {
+        std::free(pointer);
+        --live;
+        return {};
+    }
+    std::atomic<int> live{0};
+};
+static_assert(PinnedHostBackend<MallocBackend>);
+
+std::atomic<int> oom_reports{0};
+void count_oom(const Status& status) noexcept {
+    if (status.code() == Errc::out_of_memory) ++oom_reports;
+}
+
+// True when `result` succeeded, or failed for want of host memory and says so.
+template <class T>
+bool ok_or_host_oom(const Result<T>& result) {
+    if (result.ok()) return true;
+    const Status status = result.status();
+    return status.code() == Errc::out_of_memory &&
+           (status.message().empty() || status.message().find("host memory exhausted") != std::string::npos);
+}
+
+// A mock whose pinned_malloc waits at a gate, so a test can act while the call is in flight.
+class GatedMock : public MockBackend {
+public:
+    Result<void*> pinned_malloc(std::size_t bytes) noexcept {
+        {
+            std::unique_lock lock(mutex_);
+            entered_ = true;
+            changed_.notify_all();
+            changed_.wait(lock, [this] { return open_; });
+        }
+        return MockBackend::pinned_malloc(bytes);
+    }
+    void wait_until_entered() {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [this] { return entered_; });
+    }
+    void open() {
+        std::lock_guard lock(mutex_);
+        open_ = true;
+        changed_.notify_all();
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    bool entered_ = false;
+    bool open_ = false;
+};
+static_assert(PinnedHostBackend<GatedMock>);
+
+}  // namespace
 
 TEST_CASE("pinned: size classes bound the waste on large blocks", "[pinned]") {
     STATIC_REQUIRE(CachingPinned::size_class(1) == 256);
@@ -38,4 +172,110 @@ TEST_CASE("pinned: the cache is bounded and DirectPinned does not cache", "[pinn
     CHECK(direct.stats().cached_bytes == 0);
     CHECK(direct.stats().backend_frees == 1);
     CHECK(mock.journal().back().bytes == 1000);
+}
+
+TEST_CASE("pinned: an over-aligned request pads only a block that misses the alignment", "[pinned]") {
+    MockBackend mock(MockConfig{.offset = 64});  // every block 64 past a page boundary
+    PinnedHostPool<MockBackend, DirectPinned> pool(mock);
+    PinnedMemoryResource resource(pool);
+    void* pointer = resource.allocate(1000, 4096);
+    CHECK(detail::is_aligned(pointer, 4096));
+    // The exact block missed the alignment and went back; the padded one serves.
+    CHECK(mock.calls(MockOp::pinned_malloc) == 2);
+    CHECK(mock.calls(MockOp::pinned_free) == 1);
+    CHECK(mock.journal()[2].bytes == 1000 + 4095);
+    resource.deallocate(pointer, 1000, 4096);  // the block's base goes back, not the aligned pointer
+    CHECK(mock.misuses() == 0);
+    CHECK(mock.live_pinned_allocations() == 0);
+    void* small = resource.allocate(1000, 64);  // met by the exact block: no padding
+    CHECK(mock.journal().back().bytes == 1000);
+    resource.deallocate(small, 1000, 64);
+    volatile std::size_t not_a_power_of_two = 3;  // volatile: hidden from the compiler's own check
+    CHECK_THROWS_AS(resource.allocate(16, not_a_power_of_two), std::bad_alloc);
+    volatile std::size_t overflowing = std::size_t(-1) - 10;  // + 4095 wraps around
+    CHECK_THROWS_AS(resource.allocate(overflowing, 4096), std::bad_alloc);
+    CHECK(mock.calls(MockOp::pinned_malloc) == 3);  // refused before any backend call
+    CHECK(mock.live_pinned_allocations() == 0);
+}
+
+TEST_CASE("pinned: host memory exhausted inside the pool is reported, never fatal, and leaks no block", "[pinned]") {
+    bool injected = true;
+    long k = 0;
+    while (injected) {
+        ++k;
+        MallocBackend backend;
+        oom_reports = 0;
+        {
+            PinnedHostPool<MallocBackend> pool(backend);
+            pool.set_error_sink(&count_oom);
+            PinnedMemoryResource resource(pool);
+            bool resource_refused = false;
+            std::optional<Result<PinnedBuffer>> a, b, c;
+            std::optional<Result<void*>> raw;
+            allocations_until_failure = k;
+            a.emplace(pool.allocate(1000));  // a miss: the registry records it
+            b.emplace(pool.allocate(3000));
+            if (a->ok()) (*a)->reset();      // into the cache
+            c.emplace(pool.allocate(1000));  // a hit
+            raw.emplace(pool.allocate_raw(500));
+            try {
+                void* aligned = resource.allocate(100, 8192);  // padded: a block goes back, another comes
+                resource.deallocate(aligned, 100, 8192);
+            } catch (const std::bad_alloc&) {
+                resource_refused = true;
+            }
+            (void)pool.finalize();  // reports the live ones
+            if (c->ok()) (*c)->reset();
+            (void)pool.trim();
+            injected = allocations_until_failure.exchange(0) == 0;
+            INFO("host allocation " << k << " failed");
+            CHECK(ok_or_host_oom(*a));
+            CHECK(ok_or_host_oom(*b));
+            CHECK(ok_or_host_oom(*c));
+            CHECK(ok_or_host_oom(*raw));
+            if (!injected) CHECK_FALSE(resource_refused);
+            if (raw->ok()) CHECK(pool.release(**raw).ok());
+            CHECK(pool.stats().backend_allocations - pool.stats().backend_frees ==
+                  pool.stats().live_allocations + pool.stats().cached_blocks);
+        }
+        CHECK(backend.live == 0);
+    }
+    CHECK(k > 10);  // the sweep went through every host allocation of the scenario
+}
+
+TEST_CASE("pinned: a caching release that finds no host memory frees the block instead", "[pinned]") {
+    MallocBackend backend;
+    PinnedHostPool<MallocBackend> pool(backend);
+    auto buffer = pool.allocate(1000);
+    REQUIRE(buffer.ok());
+    allocations_until_failure = 1;  // the cache entry's node
+    buffer->reset();
+    allocations_until_failure = 0;
+    CHECK(pool.stats().cached_blocks == 0);
+    CHECK(pool.stats().backend_frees == 1);
+    CHECK(backend.live == 0);
+}
+
+TEST_CASE("pinned: an allocation in flight while the pool is destroyed is refused and freed", "[pinned][threads]") {
+    GatedMock mock;
+    std::optional<PinnedHostPool<GatedMock>> pool(std::in_place, mock);
+    pool->set_error_sink(&test::quiet_sink);
+    PinnedAllocator<char> allocator(*pool);
+    std::atomic<bool> granted{false};
+    std::thread thread([&] {
+        try {
+            char* pointer = allocator.allocate(1000);
+            granted = true;
+            allocator.deallocate(pointer, 1000);
+        } catch (const std::bad_alloc&) {
+        }
+    });
+    mock.wait_until_entered();
+    pool.reset();  // destroyed while pinned_malloc runs
+    mock.open();
+    thread.join();
+    CHECK_FALSE(granted);
+    CHECK(mock.live_pinned_allocations() == 0);  // the late block went back, not into a dead cache
+    CHECK(allocator.core()->stats().cached_blocks == 0);
+    CHECK(mock.misuses() == 0);
 }

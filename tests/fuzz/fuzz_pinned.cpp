@@ -1,11 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target: random allocate / release / raw release / finalize / trim / buffer-drop
-// sequences on a PinnedHostPool over MockBackend, including pointers the pool never gave out.
-// After every step the pool's counters agree with a model of what is live.
+// libFuzzer target: random sequences of buffer, raw, container (PinnedAllocator and
+// PinnedMemoryResource) and over-aligned allocations and releases, finalize, trim and pool
+// deaths on PinnedHostPools over MockBackend, including pointers the pool never gave out.
+// Buffers and containers outlive finalize() and their pool: their bytes must stay as written,
+// a container of a dead pool must refuse to grow, and after every step the mock's live pinned
+// blocks must be exactly what the cores still alive account for.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <list>
+#include <memory>
+#include <memory_resource>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -15,24 +24,96 @@
 
 using namespace devstage;
 
+namespace {
+
+using Words = std::vector<std::uint32_t, PinnedAllocator<std::uint32_t>>;
+
+struct HeldBuffer {
+    PinnedBuffer buffer;
+    std::uint8_t fill;
+};
+struct HeldWords {  // words[i] == seed + i
+    Words words;
+    std::uint32_t seed;
+    std::uint64_t generation;  // of the pool it allocates from
+};
+struct HeldPmr {  // values[i] == seed ^ i
+    std::pmr::vector<std::uint64_t> values;
+    std::uint64_t seed;
+    std::uint64_t generation;
+};
+struct HeldAligned {
+    PinnedMemoryResource* resource;
+    void* pointer;
+    std::size_t bytes;
+    std::size_t alignment;
+};
+
+bool intact(const HeldBuffer& held) {
+    const auto* bytes = static_cast<const std::uint8_t*>(held.buffer.data());
+    return held.buffer.size() == 0 || (bytes[0] == held.fill && bytes[held.buffer.size() - 1] == held.fill);
+}
+bool intact(const HeldWords& held) {
+    for (std::size_t i = 0; i < held.words.size(); ++i) {
+        if (held.words[i] != held.seed + static_cast<std::uint32_t>(i)) return false;
+    }
+    return true;
+}
+bool intact(const HeldPmr& held) {
+    for (std::size_t i = 0; i < held.values.size(); ++i) {
+        if (held.values[i] != (held.seed ^ i)) return false;
+    }
+    return true;
+}
+
+// Grows `container` to `size` elements; false when its allocator refused (std::bad_alloc).
+template <class Container, class Value>
+bool grow(Container& container, std::size_t size, Value value) {
+    try {
+        container.reserve(size);
+    } catch (const std::bad_alloc&) {
+        return false;
+    }
+    for (std::size_t i = container.size(); i < size; ++i) container.push_back(value(i));
+    return true;
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    MockBackend mock(MockConfig{.journal = false, .sink = &fuzz::quiet});
+    MockBackend mock(MockConfig{
+        .offset = size % 2 == 0 ? 0 : MockBackend::device_alignment, .journal = false, .sink = &fuzz::quiet});
     {
+        // Declared first, so every container and aligned block dies before the resources.
+        std::vector<std::unique_ptr<PinnedMemoryResource>> resources;
+        std::vector<std::weak_ptr<detail::PinnedCore>> cores;
         std::optional<PinnedHostPool<MockBackend>> pool;
-        pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
-        pool->set_error_sink(&fuzz::quiet);
-        std::vector<PinnedBuffer> buffers;
+        std::uint64_t generation = 0;
+        const auto open_pool = [&] {
+            pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
+            pool->set_error_sink(&fuzz::quiet);
+            cores.push_back(pool->core());
+            resources.push_back(std::make_unique<PinnedMemoryResource>(*pool));
+            ++generation;
+        };
+        open_pool();
+        std::vector<HeldBuffer> buffers;
         std::vector<void*> raw;
+        std::vector<HeldWords> words;
+        std::list<HeldPmr> pmrs;  // a list: erasing moves no pmr vector (that would allocate)
+        std::vector<HeldAligned> aligned;
         std::byte stranger[8]{};
         for (std::size_t i = 0; i + 2 < size; i += 3) {
             const std::size_t arg = static_cast<std::size_t>(data[i + 1]) << 8 | data[i + 2];
-            switch (data[i] % 8) {
+            switch (data[i] % 12) {
                 case 0: {
                     auto b = pool->allocate(arg);
                     EXPECT(b.ok() == (arg > 0));
                     if (b) {
                         EXPECT(pool->owns(b->data()) && b->size() == arg);
-                        buffers.push_back(std::move(*b));
+                        const auto fill = static_cast<std::uint8_t>(arg * 7 + 1);
+                        std::memset(b->data(), fill, arg);
+                        buffers.push_back(HeldBuffer{std::move(*b), fill});
                     }
                     break;
                 }
@@ -43,8 +124,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     break;
                 }
                 case 2:
-                    if (!buffers.empty())
-                        buffers.erase(buffers.begin() + static_cast<std::ptrdiff_t>(arg % buffers.size()));
+                    if (!buffers.empty()) {
+                        const std::size_t k = arg % buffers.size();
+                        EXPECT(intact(buffers[k]));
+                        buffers.erase(buffers.begin() + static_cast<std::ptrdiff_t>(k));
+                    }
                     break;
                 case 3:
                     if (!raw.empty()) {
@@ -56,31 +140,107 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     break;
                 case 4:
                     EXPECT(pool->release(stranger + arg % 8).code() == Errc::unknown_pointer);
+                    if (!words.empty() && !words[arg % words.size()].words.empty()) {
+                        // A container's memory is its allocator's to give back.
+                        const HeldWords& held = words[arg % words.size()];
+                        EXPECT(pool->release(const_cast<std::uint32_t*>(held.words.data())).code() ==
+                               (held.generation == generation ? Errc::invalid_argument : Errc::unknown_pointer));
+                    }
                     break;
-                case 5:
+                case 5: {
                     EXPECT(pool->finalize().ok());
-                    raw.clear();  // freed by finalize: the buffers become inert
-                    EXPECT(pool->stats().live_allocations == 0);
+                    const PinnedStats stats = pool->stats();
+                    EXPECT(stats.cached_bytes == 0);
+                    EXPECT(stats.detached_allocations == stats.live_allocations);  // all kept, none freed
                     break;
+                }
                 case 6:
                     EXPECT(pool->trim().ok());
                     EXPECT(pool->stats().cached_bytes == 0);
                     break;
-                default:
+                case 7:
                     if (arg % 4 == 0) {
-                        pool.reset();  // the pool dies; buffers outlive it
-                        raw.clear();
-                        pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
-                        pool->set_error_sink(&fuzz::quiet);
+                        pool.reset();  // the pool dies; buffers and containers outlive it
+                        raw.clear();   // freed by the destruction: nothing could release them now
+                        open_pool();
+                    }
+                    break;
+                case 8: {  // a container grows, or a new one starts
+                    const std::size_t target = arg % 2048;
+                    if (words.empty() || arg % 3 == 0) {
+                        words.push_back(HeldWords{Words(PinnedAllocator<std::uint32_t>(*pool)),
+                                                  static_cast<std::uint32_t>(arg * 2654435761u), generation});
+                    }
+                    HeldWords& held = words[arg % words.size()];
+                    const bool needs_memory = target > held.words.capacity();
+                    const bool grew = grow(held.words, target, [&held](std::size_t k) {
+                        return held.seed + static_cast<std::uint32_t>(k);
+                    });
+                    // Only a container whose pool died may be refused (the mock has no limit).
+                    EXPECT(grew || (needs_memory && held.generation != generation));
+                    EXPECT(intact(held));
+                    break;
+                }
+                case 9:
+                    if (!words.empty() && arg % 2 == 0) {
+                        // Erasing move-assigns the containers after it, across pools: the
+                        // allocator travels with the memory, so nothing is allocated.
+                        const std::size_t k = arg % words.size();
+                        EXPECT(intact(words[k]));
+                        words.erase(words.begin() + static_cast<std::ptrdiff_t>(k));
+                    } else if (!pmrs.empty()) {
+                        const auto k = std::next(pmrs.begin(), static_cast<std::ptrdiff_t>(arg % pmrs.size()));
+                        EXPECT(intact(*k));
+                        pmrs.erase(k);
+                    }
+                    break;
+                case 10: {  // a pmr container grows, or a new one starts
+                    const std::size_t target = arg % 1024;
+                    if (pmrs.empty() || arg % 3 == 0) {
+                        pmrs.push_back(HeldPmr{std::pmr::vector<std::uint64_t>(resources.back().get()),
+                                               static_cast<std::uint64_t>(arg) * 0x9E3779B97F4A7C15u, generation});
+                    }
+                    HeldPmr& held = *std::next(pmrs.begin(), static_cast<std::ptrdiff_t>(arg % pmrs.size()));
+                    const bool needs_memory = target > held.values.capacity();
+                    const bool grew = grow(held.values, target, [&held](std::size_t k) { return held.seed ^ k; });
+                    EXPECT(grew || (needs_memory && held.generation != generation));
+                    EXPECT(intact(held));
+                    break;
+                }
+                default:  // an over-aligned block, or one given back
+                    if (arg % 2 == 0 || aligned.empty()) {
+                        const std::size_t alignment = std::size_t{1} << (arg % 17);
+                        const std::size_t bytes = arg % 5000;
+                        void* pointer = resources.back()->allocate(bytes, alignment);
+                        EXPECT(detail::is_aligned(pointer, alignment));
+                        std::memset(pointer, 0xC3, bytes);
+                        aligned.push_back(HeldAligned{resources.back().get(), pointer, bytes, alignment});
+                    } else {
+                        const HeldAligned held = aligned[arg % aligned.size()];
+                        held.resource->deallocate(held.pointer, held.bytes, held.alignment);
+                        aligned.erase(aligned.begin() + static_cast<std::ptrdiff_t>(arg % aligned.size()));
                     }
                     break;
             }
-            const PinnedStats stats = pool->stats();
-            EXPECT(stats.cached_bytes <= (64 << 10));
-            EXPECT(stats.backend_allocations - stats.backend_frees == stats.live_allocations + stats.cached_blocks);
+            std::size_t accounted = 0;
+            for (const auto& weak : cores) {
+                const std::shared_ptr<detail::PinnedCore> core = weak.lock();
+                if (!core) continue;  // gone: nothing held it, so nothing of it may be left
+                const PinnedStats stats = core->stats();
+                EXPECT(stats.cached_bytes <= (64 << 10));
+                EXPECT(stats.backend_allocations - stats.backend_frees == stats.live_allocations + stats.cached_blocks);
+                accounted += stats.live_allocations + stats.cached_blocks;
+            }
+            EXPECT(mock.live_pinned_allocations() == accounted);
             EXPECT(mock.misuses() == 0);
         }
-        buffers.clear();  // some after their pool finalized or died: harmless
+        for (const HeldBuffer& held : buffers) EXPECT(intact(held));
+        for (const HeldWords& held : words) EXPECT(intact(held));
+        for (const HeldPmr& held : pmrs) EXPECT(intact(held));
+        for (const HeldAligned& held : aligned) held.resource->deallocate(held.pointer, held.bytes, held.alignment);
+        buffers.clear();  // some after their pool finalized or died
+        words.clear();
+        pmrs.clear();
     }
     EXPECT(mock.live_pinned_allocations() == 0);
     return 0;
