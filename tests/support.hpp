@@ -24,6 +24,20 @@ public:
     explicit AdversarialMock(MockConfig config) noexcept : MockBackend(config) {}
 };
 
+/// A MockBackend whose enqueued work runs only when the host synchronizes, in an adversarial
+/// order across streams (MockConfig::deferred_async).
+class DeferredMock : public MockBackend {
+public:
+    DeferredMock() noexcept : MockBackend(MockConfig{.deferred_async = true}) {}
+    explicit DeferredMock(MockConfig config) noexcept : MockBackend(deferred(config)) {}
+
+private:
+    static MockConfig deferred(MockConfig config) noexcept {
+        config.deferred_async = true;
+        return config;
+    }
+};
+
 /// How tests make a backend with a device capacity. Specialize for other backends.
 template <class B>
 struct BackendFactory {
@@ -47,6 +61,13 @@ struct BackendFactory<AdversarialMock> {
         MockConfig config = MockConfig::adversarial();
         config.device_capacity = capacity;
         return std::make_unique<AdversarialMock>(config);
+    }
+};
+
+template <>
+struct BackendFactory<DeferredMock> {
+    static std::unique_ptr<DeferredMock> make(std::size_t capacity = std::size_t{1} << 32) {
+        return std::make_unique<DeferredMock>(MockConfig{.device_capacity = capacity});
     }
 };
 

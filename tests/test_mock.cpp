@@ -1,12 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// MockBackend specifics: journal, counters, fault injection, alignment modes, misuse detection.
+// MockBackend specifics: journal, counters, fault injection, alignment modes, misuse detection,
+// streams eager and deferred, and host allocation failures (this executable replaces operator
+// new).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "devstage/backends/mock.hpp"
+#include "failing_new.hpp"
+#include "support.hpp"
 
 using devstage::Errc;
 using devstage::MockBackend;
@@ -112,4 +119,542 @@ TEST_CASE("mock: a device capacity gives out_of_memory", "[mock]") {
     REQUIRE(a.ok());
     CHECK(mock.device_malloc(600).status().code() == Errc::out_of_memory);
     REQUIRE(mock.device_free(*a).ok());
+}
+
+// ---- streams and events ---------------------------------------------------------------------
+
+namespace {
+
+using Stream = MockBackend::Stream;
+using Event = MockBackend::Event;
+
+Stream stream_of(MockBackend& mock) {
+    auto stream = mock.create_stream();
+    REQUIRE(stream.ok());
+    return *stream;
+}
+Event event_of(MockBackend& mock) {
+    auto event = mock.create_event();
+    REQUIRE(event.ok());
+    return *event;
+}
+std::byte* device_bytes(MockBackend& mock, std::size_t bytes) {
+    auto device = mock.device_malloc(bytes);
+    REQUIRE(device.ok());
+    return static_cast<std::byte*>(*device);
+}
+
+// A host function that appends its name to a shared log, to observe the order work ran in.
+struct Step {
+    std::vector<std::string>* log;
+    std::string name;
+};
+void log_step(void* step) {
+    const auto& s = *static_cast<Step*>(step);
+    s.log->push_back(s.name);
+}
+
+MockConfig deferred(std::uint32_t polls = 2) {
+    return MockConfig{.deferred_async = true, .not_ready_polls = polls};
+}
+
+}  // namespace
+
+TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock][async]") {
+    STATIC_REQUIRE(devstage::mock_op_count == 19);
+    CHECK(devstage::to_string(MockOp::create_stream) == "create_stream");
+    CHECK(devstage::to_string(MockOp::copy_from_device_async) == "copy_from_device_async");
+    CHECK(devstage::to_string(MockOp::launch_host_func) == "launch_host_func");
+    MockBackend mock;
+    std::vector<std::byte> host(64);
+    std::byte* device = device_bytes(mock, 64);
+    std::vector<std::string> log;
+    Step step{&log, "ran"};
+    mock.clear_journal();
+    const Stream stream = stream_of(mock);
+    const Event event = event_of(mock);
+    REQUIRE(mock.copy_to_device_async(device, host.data(), 64, stream).ok());
+    REQUIRE(mock.copy_from_device_async(host.data(), device, 32, stream).ok());
+    REQUIRE(mock.launch_host_func(stream, &log_step, &step).ok());
+    REQUIRE(mock.record_event(event, stream).ok());
+    REQUIRE(mock.stream_wait_event(stream, event).ok());
+    REQUIRE(mock.event_ready(event).ok());
+    REQUIRE(mock.synchronize_event(event).ok());
+    REQUIRE(mock.destroy_event(event).ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+    CHECK(log == std::vector<std::string>{"ran"});
+    const std::vector<MockOp> expected{
+        MockOp::create_stream,     MockOp::create_event,  MockOp::copy_to_device_async, MockOp::copy_from_device_async,
+        MockOp::launch_host_func,  MockOp::record_event,  MockOp::stream_wait_event,    MockOp::event_ready,
+        MockOp::synchronize_event, MockOp::destroy_event, MockOp::destroy_stream};
+    const auto journal = mock.journal();
+    REQUIRE(journal.size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        CAPTURE(i);
+        CHECK(journal[i].op == expected[i]);
+        CHECK(journal[i].result == Errc::ok);
+        CHECK(mock.calls(expected[i]) == 1);
+    }
+    CHECK(journal[2].pointer == device);
+    CHECK(journal[2].bytes == 64);
+    CHECK(journal[2].stream == stream.id);
+    CHECK(journal[5].stream == stream.id);
+    CHECK(journal[5].event == event.id);
+    CHECK(journal[4].pointer == &step);
+    REQUIRE(mock.device_free(device).ok());
+}
+
+TEST_CASE("mock: fail_call fails each stream operation at its call", "[mock][async]") {
+    const MockOp ops[] = {MockOp::create_stream,          MockOp::create_event,     MockOp::copy_to_device_async,
+                          MockOp::copy_from_device_async, MockOp::launch_host_func, MockOp::record_event,
+                          MockOp::stream_wait_event,      MockOp::event_ready,      MockOp::synchronize_event,
+                          MockOp::destroy_event,          MockOp::destroy_stream};
+    for (const MockOp op : ops) {
+        CAPTURE(devstage::to_string(op));
+        MockBackend mock(MockConfig{.sink = &devstage::test::quiet_sink});
+        mock.fail_call(op, 1, Errc::busy);
+        std::vector<std::byte> host(64);
+        std::byte* device = device_bytes(mock, 64);
+        std::vector<std::string> log;
+        Step step{&log, "ran"};
+        // Each operation once, in an order that works; stop at the first failure.
+        auto stream = mock.create_stream();
+        auto event = mock.create_event();
+        std::vector<std::pair<MockOp, devstage::Status>> outcomes{{MockOp::create_stream, stream.status()},
+                                                                  {MockOp::create_event, event.status()}};
+        if (stream.ok() && event.ok()) {
+            outcomes.emplace_back(MockOp::copy_to_device_async,
+                                  mock.copy_to_device_async(device, host.data(), 64, *stream));
+            outcomes.emplace_back(MockOp::copy_from_device_async,
+                                  mock.copy_from_device_async(host.data(), device, 64, *stream));
+            outcomes.emplace_back(MockOp::launch_host_func, mock.launch_host_func(*stream, &log_step, &step));
+            outcomes.emplace_back(MockOp::record_event, mock.record_event(*event, *stream));
+            outcomes.emplace_back(MockOp::stream_wait_event, mock.stream_wait_event(*stream, *event));
+            outcomes.emplace_back(MockOp::event_ready, mock.event_ready(*event).status());
+            outcomes.emplace_back(MockOp::synchronize_event, mock.synchronize_event(*event));
+            outcomes.emplace_back(MockOp::destroy_event, mock.destroy_event(*event));
+            outcomes.emplace_back(MockOp::destroy_stream, mock.destroy_stream(*stream));
+        }
+        for (const auto& [which, status] : outcomes) {
+            CAPTURE(devstage::to_string(which));
+            if (which == op) {
+                CHECK(status.code() == Errc::busy);
+                CHECK_THAT(status.message(),
+                           Catch::Contains(std::string("mock ") + std::string(devstage::to_string(op))) &&
+                               Catch::Contains("injected failure of call 1"));
+            } else {
+                CHECK(status.ok());
+            }
+        }
+        CHECK(mock.calls(op) == 1);
+        CHECK(mock.journal().back().op == outcomes.back().first);
+        REQUIRE(mock.device_free(device).ok());
+    }
+}
+
+TEST_CASE("mock: deferred work waits for the host, then runs latest-enqueued stream first", "[mock][async]") {
+    std::vector<std::string> log;
+    Step a1{&log, "A1"}, b1{&log, "B1"}, a2{&log, "A2"}, b2{&log, "B2"};
+    for (const bool is_deferred : {false, true}) {
+        CAPTURE(is_deferred);
+        log.clear();
+        MockBackend mock(MockConfig{.deferred_async = is_deferred});
+        const Stream a = stream_of(mock);
+        const Stream b = stream_of(mock);
+        for (auto [stream, step] : {std::pair{a, &a1}, std::pair{b, &b1}, std::pair{a, &a2}, std::pair{b, &b2}}) {
+            REQUIRE(mock.launch_host_func(stream, &log_step, step).ok());
+        }
+        if (is_deferred) {
+            CHECK(log.empty());
+            CHECK(mock.pending_operations() == 4);
+            REQUIRE(mock.synchronize().ok());
+            // Never enqueue order: whenever both streams can run, the later-enqueued work goes first.
+            CHECK(log == std::vector<std::string>{"B1", "B2", "A1", "A2"});
+        } else {
+            CHECK(log == std::vector<std::string>{"A1", "B1", "A2", "B2"});
+        }
+        CHECK(mock.pending_operations() == 0);
+        REQUIRE(mock.destroy_stream(a).ok());
+        REQUIRE(mock.destroy_stream(b).ok());
+    }
+}
+
+TEST_CASE("mock: synchronize_event runs exactly what the recording depends on", "[mock][async]") {
+    MockBackend mock(deferred());
+    std::vector<std::string> log;
+    Step a1{&log, "A1"}, b1{&log, "B1"}, b2{&log, "B2"}, c1{&log, "C1"};
+    const Stream a = stream_of(mock);
+    const Stream b = stream_of(mock);
+    const Stream c = stream_of(mock);
+    const Event produced = event_of(mock);
+    const Event consumed = event_of(mock);
+    REQUIRE(mock.launch_host_func(a, &log_step, &a1).ok());
+    REQUIRE(mock.record_event(produced, a).ok());
+    REQUIRE(mock.launch_host_func(b, &log_step, &b1).ok());
+    REQUIRE(mock.stream_wait_event(b, produced).ok());
+    REQUIRE(mock.record_event(consumed, b).ok());
+    REQUIRE(mock.launch_host_func(b, &log_step, &b2).ok());  // after the recording
+    REQUIRE(mock.launch_host_func(c, &log_step, &c1).ok());  // unrelated
+    REQUIRE(mock.synchronize_event(consumed).ok());
+    CHECK(log == std::vector<std::string>{"B1", "A1"});
+    CHECK(mock.pending_operations() == 2);
+    auto ready = mock.event_ready(produced);
+    REQUIRE(ready.ok());
+    CHECK(*ready);  // ran on the way
+    REQUIRE(mock.synchronize().ok());
+    CHECK(log == std::vector<std::string>{"B1", "A1", "C1", "B2"});
+    for (const Event event : {produced, consumed}) REQUIRE(mock.destroy_event(event).ok());
+    for (const Stream stream : {a, b, c}) REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("mock: deferred, a read before the wait sees stale data", "[mock][async]") {
+    MockBackend mock(deferred());
+    constexpr std::size_t bytes = 512;
+    std::byte* device = device_bytes(mock, bytes);
+    const auto old_bytes = devstage::test::pattern(bytes, 1);
+    REQUIRE(mock.copy_to_device(device, old_bytes.data(), bytes).ok());
+    const Stream stream = stream_of(mock);
+    const Event event = event_of(mock);
+    std::vector<std::byte> out(bytes);
+    REQUIRE(mock.copy_from_device_async(out.data(), device, bytes, stream).ok());
+    REQUIRE(mock.record_event(event, stream).ok());
+    CHECK(out == std::vector<std::byte>(bytes));  // the host has not waited: nothing arrived
+    REQUIRE(mock.synchronize_event(event).ok());
+    CHECK(out == old_bytes);
+    REQUIRE(mock.destroy_event(event).ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+    REQUIRE(mock.device_free(device).ok());
+}
+
+TEST_CASE("mock: deferred, a missing cross-stream wait fails every time", "[mock][async]") {
+    constexpr std::size_t bytes = 256;
+    const auto in = devstage::test::pattern(bytes, 2);
+    for (const bool wait : {false, true}) {
+        for (int attempt = 0; attempt < 5; ++attempt) {
+            CAPTURE(wait, attempt);
+            MockBackend mock(deferred());
+            std::byte* device = device_bytes(mock, bytes);
+            const Stream producer = stream_of(mock);
+            const Stream consumer = stream_of(mock);
+            const Event produced = event_of(mock);
+            std::vector<std::byte> out(bytes);
+            REQUIRE(mock.copy_to_device_async(device, in.data(), bytes, producer).ok());
+            REQUIRE(mock.record_event(produced, producer).ok());
+            if (wait) REQUIRE(mock.stream_wait_event(consumer, produced).ok());
+            REQUIRE(mock.copy_from_device_async(out.data(), device, bytes, consumer).ok());
+            REQUIRE(mock.synchronize().ok());
+            CHECK((out == in) == wait);
+            REQUIRE(mock.destroy_event(produced).ok());
+            for (const Stream stream : {producer, consumer}) REQUIRE(mock.destroy_stream(stream).ok());
+            REQUIRE(mock.device_free(device).ok());
+        }
+    }
+}
+
+TEST_CASE("mock: deferred, freeing or synchronously touching memory that pending work uses is busy", "[mock][async]") {
+    MockBackend mock(deferred());
+    constexpr std::size_t bytes = 1024;
+    std::byte* device = device_bytes(mock, bytes);
+    std::byte* other = device_bytes(mock, bytes);
+    auto pinned = mock.pinned_malloc(bytes);
+    REQUIRE(pinned.ok());
+    const Stream stream = stream_of(mock);
+    REQUIRE(mock.copy_to_device_async(device + 256, *pinned, 128, stream).ok());
+    REQUIRE(mock.pending_operations() == 1);
+    std::vector<std::byte> host(bytes);
+
+    const auto freed = mock.device_free(device);
+    CHECK(freed.code() == Errc::busy);
+    CHECK_THAT(freed.message(), Catch::Contains("mock device_free: 1024 bytes at") &&
+                                    Catch::Contains("used by pending copy_to_device_async of 128 bytes on stream " +
+                                                    std::to_string(stream.id)));
+    CHECK(mock.pinned_free(*pinned).code() == Errc::busy);
+    const auto copied = mock.copy_to_device(device + 300, host.data(), 10);
+    CHECK(copied.code() == Errc::busy);
+    CHECK_THAT(copied.message(), Catch::Contains("mock copy_to_device: 10 bytes at"));
+    CHECK(mock.copy_from_device(host.data(), device, 257).code() == Errc::busy);
+    CHECK(mock.device_memset(device + 383, 0, 1).code() == Errc::busy);
+    CHECK(mock.misuses() == 5);
+    CHECK(mock.journal().back().result == Errc::busy);
+    CHECK(mock.live_device_allocations() == 2);
+    CHECK(mock.live_pinned_allocations() == 1);
+    // Next to the pending range, or in another allocation, is fine.
+    CHECK(mock.copy_from_device(host.data(), device, 256).ok());
+    CHECK(mock.copy_to_device(device + 384, host.data(), 10).ok());
+    CHECK(mock.copy_to_device(other, host.data(), bytes).ok());
+    CHECK(mock.device_free(other).ok());
+    REQUIRE(mock.synchronize().ok());
+    CHECK(mock.device_free(device).ok());
+    CHECK(mock.pinned_free(*pinned).ok());
+    CHECK(mock.misuses() == 5);
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+namespace {
+struct Kernel {
+    MockBackend* mock;
+    std::byte* device;
+    std::vector<std::byte> seen;
+    devstage::Status copied, synchronized;
+};
+// A stand-in kernel: reads the device bytes with a synchronous copy, and tries to wait.
+void run_kernel(void* context) {
+    auto& kernel = *static_cast<Kernel*>(context);
+    kernel.copied = kernel.mock->copy_from_device(kernel.seen.data(), kernel.device, kernel.seen.size());
+    kernel.synchronized = kernel.mock->synchronize();
+}
+}  // namespace
+
+TEST_CASE("mock: a host function's synchronous copies are stream work, its waits are refused", "[mock][async]") {
+    for (const bool is_deferred : {false, true}) {
+        CAPTURE(is_deferred);
+        MockBackend mock(MockConfig{.deferred_async = is_deferred});
+        constexpr std::size_t bytes = 128;
+        std::byte* device = device_bytes(mock, bytes);
+        const auto in = devstage::test::pattern(bytes, 3);
+        std::vector<std::byte> out(bytes);
+        const Stream stream = stream_of(mock);
+        Kernel kernel{&mock, device, std::vector<std::byte>(bytes), {}, {}};
+        REQUIRE(mock.copy_to_device_async(device, in.data(), bytes, stream).ok());
+        REQUIRE(mock.launch_host_func(stream, &run_kernel, &kernel).ok());
+        REQUIRE(mock.copy_from_device_async(out.data(), device, bytes, stream).ok());  // pending after it
+        REQUIRE(mock.synchronize().ok());
+        CHECK(kernel.copied.ok());
+        CHECK(kernel.seen == in);
+        CHECK(kernel.synchronized.code() == Errc::invalid_argument);
+        CHECK_THAT(kernel.synchronized.message(), Catch::Contains("mock synchronize: called from a host function"));
+        CHECK(out == in);
+        CHECK(mock.misuses() == 1);  // the refused wait only
+        REQUIRE(mock.destroy_stream(stream).ok());
+        REQUIRE(mock.device_free(device).ok());
+    }
+}
+
+TEST_CASE("mock: deferred event_ready answers not ready, then runs the work", "[mock][async]") {
+    MockBackend mock(deferred(3));
+    constexpr std::size_t bytes = 64;
+    std::byte* device = device_bytes(mock, bytes);
+    const auto in = devstage::test::pattern(bytes, 4);
+    const Stream stream = stream_of(mock);
+    const Event event = event_of(mock);
+    for (int recording = 0; recording < 2; ++recording) {
+        CAPTURE(recording);
+        std::vector<std::byte> out(bytes);
+        REQUIRE(mock.copy_to_device_async(device, in.data(), bytes, stream).ok());
+        REQUIRE(mock.copy_from_device_async(out.data(), device, bytes, stream).ok());
+        REQUIRE(mock.record_event(event, stream).ok());
+        for (int poll = 0; poll < 3; ++poll) {
+            auto ready = mock.event_ready(event);
+            REQUIRE(ready.ok());
+            CHECK_FALSE(*ready);
+        }
+        CHECK(out == std::vector<std::byte>(bytes));
+        auto ready = mock.event_ready(event);
+        REQUIRE(ready.ok());
+        CHECK(*ready);
+        CHECK(out == in);
+        CHECK(mock.pending_operations() == 0);
+    }
+    REQUIRE(mock.destroy_event(event).ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+    REQUIRE(mock.device_free(device).ok());
+}
+
+TEST_CASE("mock: a failure when run is reported by the next recording and by synchronize", "[mock][async]") {
+    for (const bool is_deferred : {false, true}) {
+        CAPTURE(is_deferred);
+        MockBackend mock(MockConfig{.deferred_async = is_deferred});
+        constexpr std::size_t bytes = 64;
+        std::byte* device = device_bytes(mock, bytes);
+        const auto first = devstage::test::pattern(bytes, 5);
+        const auto second = devstage::test::pattern(bytes, 6);
+        const Stream stream = stream_of(mock);
+        const Stream other = stream_of(mock);
+        const Event failed = event_of(mock);
+        const Event clean = event_of(mock);
+        const Event elsewhere = event_of(mock);
+        mock.fail_when_run(MockOp::copy_to_device_async, 2, Errc::backend_failure);
+        REQUIRE(mock.copy_to_device_async(device, first.data(), bytes, stream).ok());
+        REQUIRE(mock.copy_to_device_async(device, second.data(), bytes, stream).ok());  // accepted
+        REQUIRE(mock.record_event(elsewhere, other).ok());
+        REQUIRE(mock.record_event(failed, stream).ok());
+        REQUIRE(mock.record_event(clean, stream).ok());
+        const auto reported = mock.synchronize_event(failed);
+        CHECK(reported.code() == Errc::backend_failure);
+        CHECK_THAT(reported.message(), Catch::Contains("mock copy_to_device_async: injected failure of call 2") &&
+                                           Catch::Contains("stream " + std::to_string(stream.id)));
+        CHECK(mock.event_ready(failed).status().code() == Errc::backend_failure);
+        CHECK(mock.synchronize_event(clean).ok());
+        CHECK(mock.synchronize_event(elsewhere).ok());
+        CHECK(devstage::test::read_device(mock, device, bytes) == first);  // the failed copy moved nothing
+        CHECK(mock.synchronize().code() == Errc::backend_failure);
+        CHECK(mock.synchronize().ok());  // reported once
+
+        // A host function that fails when run is not called.
+        std::vector<std::string> log;
+        Step step{&log, "ran"};
+        mock.fail_when_run(MockOp::launch_host_func, 1);
+        REQUIRE(mock.launch_host_func(stream, &log_step, &step).ok());
+        REQUIRE(mock.record_event(failed, stream).ok());
+        CHECK(mock.synchronize_event(failed).code() == Errc::backend_failure);
+        CHECK(log.empty());
+        mock.clear_faults();
+        for (const Event event : {failed, clean, elsewhere}) REQUIRE(mock.destroy_event(event).ok());
+        for (const Stream s : {stream, other}) REQUIRE(mock.destroy_stream(s).ok());
+        REQUIRE(mock.device_free(device).ok());
+    }
+}
+
+TEST_CASE("mock: unknown streams and events are misuses", "[mock][async]") {
+    MockBackend mock;
+    const Stream stream = stream_of(mock);
+    const Event event = event_of(mock);
+    const Stream unknown_stream{stream.id + 1};
+    const Event unknown_event{event.id + 1};
+    std::byte host[8]{};
+    std::byte* device = device_bytes(mock, 8);
+    const auto destroyed = mock.destroy_stream(unknown_stream);
+    CHECK(destroyed.code() == Errc::invalid_argument);
+    CHECK_THAT(destroyed.message(), Catch::Contains("mock destroy_stream: unknown stream"));
+    CHECK(mock.copy_to_device_async(device, host, 8, unknown_stream).code() == Errc::invalid_argument);
+    CHECK(mock.record_event(unknown_event, stream).code() == Errc::invalid_argument);
+    CHECK(mock.stream_wait_event(unknown_stream, event).code() == Errc::invalid_argument);
+    CHECK(mock.event_ready(unknown_event).status().code() == Errc::invalid_argument);
+    CHECK(mock.synchronize_event(unknown_event).code() == Errc::invalid_argument);
+    CHECK(mock.destroy_event(unknown_event).code() == Errc::invalid_argument);
+    CHECK(mock.launch_host_func(stream, nullptr, nullptr).code() == Errc::invalid_argument);
+    CHECK(mock.misuses() == 8);
+    REQUIRE(mock.destroy_event(event).ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+    REQUIRE(mock.device_free(device).ok());
+}
+
+TEST_CASE("mock: streams and events never destroyed are reported with their pending work", "[mock][async]") {
+    last_sink_message.clear();
+    {
+        MockBackend mock(MockConfig{.sink = &capture_sink, .deferred_async = true});
+        const Stream stream = stream_of(mock);
+        const Event event = event_of(mock);
+        std::vector<std::string> log;
+        Step step{&log, "never"};
+        REQUIRE(mock.launch_host_func(stream, &log_step, &step).ok());
+        REQUIRE(mock.record_event(event, stream).ok());
+        CHECK(mock.pending_operations() == 2);
+        CHECK(mock.live_streams() == 1);
+        CHECK(mock.live_events() == 1);
+    }
+    CHECK_THAT(last_sink_message,
+               Catch::Contains("leaked stream 1 with 2 operations pending") && Catch::Contains("leaked event 1"));
+}
+
+// ---- regressions ----------------------------------------------------------------------------
+
+TEST_CASE("mock: sizes that wrap when padded are out_of_memory, as on a device", "[mock][regression]") {
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{64}}) {
+        MockBackend mock(MockConfig{.offset = offset});
+        for (const std::size_t bytes : {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX - 4095 - offset}) {
+            CAPTURE(offset, bytes);
+            const auto device = mock.device_malloc(bytes);
+            REQUIRE_FALSE(device.ok());
+            CHECK(device.status().code() == Errc::out_of_memory);
+            CHECK_THAT(device.status().message(), Catch::Contains(std::to_string(bytes) + " bytes requested"));
+            const auto pinned = mock.pinned_malloc(bytes);
+            REQUIRE_FALSE(pinned.ok());
+            CHECK(pinned.status().code() == Errc::out_of_memory);
+        }
+        CHECK(mock.live_device_allocations() == 0);
+        CHECK(mock.live_pinned_allocations() == 0);
+    }
+}
+
+TEST_CASE("mock: a host allocation failure in bookkeeping is out_of_memory, and releases what was taken",
+          "[mock][regression]") {
+    MockBackend mock(MockConfig{.journal = false});
+    devstage::test::fail_nth_new(1);
+    const auto device = mock.device_malloc(100);
+    devstage::test::stop_failing_new();
+    REQUIRE_FALSE(device.ok());
+    CHECK(device.status().code() == Errc::out_of_memory);
+    CHECK_THAT(device.status().message(), Catch::Contains("mock device_malloc: host memory exhausted"));
+    CHECK(mock.live_device_allocations() == 0);
+    CHECK(mock.live_device_bytes() == 0);
+
+    devstage::test::fail_nth_new(1);
+    const auto pinned = mock.pinned_malloc(100);
+    devstage::test::stop_failing_new();
+    CHECK(pinned.status().code() == Errc::out_of_memory);
+    CHECK(mock.live_pinned_allocations() == 0);
+
+    devstage::test::fail_nth_new(1);
+    const auto stream = mock.create_stream();
+    devstage::test::stop_failing_new();
+    CHECK(stream.status().code() == Errc::out_of_memory);
+    CHECK(mock.live_streams() == 0);
+
+    // A failed journal entry drops the entry, not the call.
+    MockBackend journaled;
+    devstage::test::fail_nth_new(2);  // the first is the allocation's own bookkeeping
+    const auto kept = journaled.device_malloc(100);
+    devstage::test::stop_failing_new();
+    REQUIRE(kept.ok());
+    CHECK(journaled.journal().empty());
+    REQUIRE(journaled.device_free(*kept).ok());
+}
+
+namespace {
+void count_up(void* counter) {
+    ++*static_cast<std::atomic<int>*>(counter);
+}
+}  // namespace
+
+TEST_CASE("mock: streams driven from several threads at once", "[mock][async][threads]") {
+    for (const bool is_deferred : {false, true}) {
+        CAPTURE(is_deferred);
+        MockBackend mock(MockConfig{.journal = false, .deferred_async = is_deferred});
+        constexpr int threads = 4;
+        constexpr int rounds = 40;
+        constexpr std::size_t bytes = 2048;
+        std::atomic<int> kernels{0};
+        std::atomic<int> wrong{0};
+        std::vector<std::thread> workers;
+        for (int t = 0; t < threads; ++t) {
+            workers.emplace_back([&, t] {
+                auto stream = mock.create_stream();
+                auto event = mock.create_event();
+                auto device = mock.device_malloc(bytes);
+                if (!stream || !event || !device) {
+                    ++wrong;
+                    return;
+                }
+                for (int round = 0; round < rounds; ++round) {
+                    const auto in = devstage::test::pattern(bytes, static_cast<std::uint32_t>(t * 1000 + round));
+                    std::vector<std::byte> out(bytes);
+                    bool ok = mock.copy_to_device_async(*device, in.data(), bytes, *stream).ok() &&
+                              mock.launch_host_func(*stream, &count_up, &kernels).ok() &&
+                              mock.copy_from_device_async(out.data(), *device, bytes, *stream).ok() &&
+                              mock.record_event(*event, *stream).ok();
+                    if (round % 3 == 0) {
+                        ok = ok && mock.synchronize().ok();
+                    } else if (round % 3 == 1) {
+                        for (auto ready = mock.event_ready(*event); ok && (!ready.ok() || !*ready);
+                             ready = mock.event_ready(*event)) {
+                            ok = ready.ok();
+                        }
+                    } else {
+                        ok = ok && mock.synchronize_event(*event).ok();
+                    }
+                    if (!ok || out != in) ++wrong;
+                }
+                if (!mock.destroy_event(*event).ok() || !mock.destroy_stream(*stream).ok() ||
+                    !mock.device_free(*device).ok()) {
+                    ++wrong;
+                }
+            });
+        }
+        for (auto& worker : workers) worker.join();
+        CHECK(wrong.load() == 0);
+        CHECK(kernels.load() == threads * rounds);
+        CHECK(mock.misuses() == 0);
+        CHECK(mock.leak_report().empty());
+    }
 }

@@ -1,16 +1,37 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: the live allocations of a backend by address, with range look-ups. Used by the
-// simulator and the mock to validate every pointer and copy they are given.
+// simulator and the mock to validate every pointer and copy they are given, with the guard
+// their noexcept bookkeeping puts around host allocations.
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <new>
 #include <optional>
 
 namespace devstage::detail {
+
+/// Runs `f` (bookkeeping that allocates host memory: a map insert, a queue push) and returns
+/// false when it threw std::bad_alloc, so a noexcept caller can release what it took and
+/// report out_of_memory instead of terminating. Without exceptions a failed allocation
+/// terminates inside `f`, as everywhere in such a program.
+template <class F>
+bool without_bad_alloc(F&& f) noexcept {
+#if defined(__cpp_exceptions)
+    try {
+        f();
+        return true;
+    } catch (const std::bad_alloc&) {
+        return false;
+    }
+#else
+    f();
+    return true;
+#endif
+}
 
 template <class Info>
 class AddressMap {
@@ -32,6 +53,11 @@ public:
     }
 
     const Entry* at(const void* base) const {
+        const auto found = map_.find(base);
+        return found == map_.end() ? nullptr : &found->second;
+    }
+    /// The allocation starting exactly at `base`, to update in place (no host allocation).
+    Entry* at(const void* base) {
         const auto found = map_.find(base);
         return found == map_.end() ? nullptr : &found->second;
     }
