@@ -71,6 +71,26 @@ struct BackendFactory<DeferredMock> {
     }
 };
 
+/// A backend's synchronous operations only: the Stager sees it through SynchronousAdapter.
+template <class Inner>
+class SyncOnly {
+public:
+    static constexpr std::size_t device_alignment = Inner::device_alignment;
+    std::string_view name() const noexcept { return inner_.name(); }
+    Result<void*> device_malloc(std::size_t n) noexcept { return inner_.device_malloc(n); }
+    Status device_free(void* p) noexcept { return inner_.device_free(p); }
+    Status copy_to_device(void* d, const void* s, std::size_t n) noexcept { return inner_.copy_to_device(d, s, n); }
+    Status copy_from_device(void* d, const void* s, std::size_t n) noexcept {
+        return inner_.copy_from_device(d, s, n);
+    }
+    Result<void*> pinned_malloc(std::size_t n) noexcept { return inner_.pinned_malloc(n); }
+    Status pinned_free(void* p) noexcept { return inner_.pinned_free(p); }
+    Inner& inner() noexcept { return inner_; }
+
+private:
+    Inner inner_;
+};
+
 /// An ErrorSink that drops what it is told, for tests that provoke reports on purpose.
 inline void quiet_sink(const Status&) noexcept {}
 

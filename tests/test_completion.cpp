@@ -24,9 +24,11 @@ TEST_CASE("completion: a default Completion is complete and ok", "[completion]")
 }
 
 TEST_CASE("completion: on an immediate stream the outputs are in place when wait returns", "[completion]") {
-    MockBackend mock;
+    // A backend without streams is staged through SynchronousAdapter: its stream is immediate.
+    test::SyncOnly<MockBackend> mock;
     using Packed = RetainedBump<ExactGrowth, 1024, PackSmall<>>;
-    Stager<MockBackend, Packed> stager(mock);
+    Stager<test::SyncOnly<MockBackend>, Packed> stager(mock);
+    STATIC_REQUIRE(std::is_same_v<decltype(stager)::Stream, ImmediateStream>);
     test::HostRun host;
     host.add(300, Direction::In, 1);
     host.add(200, Direction::Out, 2);

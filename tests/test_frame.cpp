@@ -59,15 +59,15 @@ TEST_CASE("frame: inputs written in place upload with one copy and no host copy"
     }
     reference.relink();
 
-    const std::uint64_t uploads = mock.calls(MockOp::copy_to_device);
+    const std::uint64_t uploads = mock.calls(MockOp::copy_to_device_async);
     auto run = stager.bind(frame->args());
     REQUIRE(run.ok());
-    CHECK(mock.calls(MockOp::copy_to_device) - uploads == 1);  // every In/InOut byte in one copy
+    CHECK(mock.calls(MockOp::copy_to_device_async) - uploads == 1);  // every In/InOut byte in one copy
     CHECK(stager.stats().mirror_copy_bytes == 0);              // and no host memcpy
     REQUIRE(test::fake_kernel(mock, run->device_args(), frame->args()).ok());
-    const std::uint64_t downloads = mock.calls(MockOp::copy_from_device);
+    const std::uint64_t downloads = mock.calls(MockOp::copy_from_device_async);
     REQUIRE(stager.finish(std::move(*run)).ok());
-    CHECK(mock.calls(MockOp::copy_from_device) - downloads == 1);
+    CHECK(mock.calls(MockOp::copy_from_device_async) - downloads == 1);
     CHECK(stager.stats().mirror_copy_bytes == 0);  // outputs land in the frame itself
 
     Stager<MockBackend> plain(mock);

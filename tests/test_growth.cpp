@@ -75,7 +75,8 @@ TEST_CASE("growth: CappedGrowth fails fast naming required and cap, and clamps",
     auto run = stager.bind(big);
     REQUIRE_FALSE(run.ok());
     CHECK_THAT(run.status().message(), Catch::Contains("cap 4096"));
-    CHECK(mock.total_calls() == 0);  // failed before any backend call
+    CHECK(mock.calls(MockOp::device_malloc) == 0);  // failed before any allocation
+    CHECK(mock.calls(MockOp::copy_to_device_async) == 0);
     const TensorArg small[] = {{host.data(), 100, Direction::In}};
     auto ok = stager.bind(small);
     REQUIRE(ok.ok());

@@ -25,9 +25,13 @@ struct Copies {
 };
 template <class F>
 Copies count_copies(MockBackend& mock, F&& step) {
-    const std::uint64_t up = mock.calls(MockOp::copy_to_device), down = mock.calls(MockOp::copy_from_device);
+    const auto up = [&] { return mock.calls(MockOp::copy_to_device) + mock.calls(MockOp::copy_to_device_async); };
+    const auto down = [&] {
+        return mock.calls(MockOp::copy_from_device) + mock.calls(MockOp::copy_from_device_async);
+    };
+    const std::uint64_t before_up = up(), before_down = down();
     step();
-    return {mock.calls(MockOp::copy_to_device) - up, mock.calls(MockOp::copy_from_device) - down};
+    return {up() - before_up, down() - before_down};
 }
 
 template <class S, class B>

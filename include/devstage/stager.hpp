@@ -594,11 +594,15 @@ private:
         return StagedRun(this, index, {slot.device_args.data(), count}, slot.leases());
     }
 
-    // Releases what a failed bind took; what it already enqueued completes first.
+    // Releases what a failed bind took, once what it already enqueued completed: the bind
+    // returns with nothing held.
     Status failed_bind(Slot& slot, Stream stream, bool enqueued, Status failure) noexcept {
-        if (enqueued) (void)slot.fence.record(async(), stream);
-        slot.uses_mirror = slot.uses_mirror || (enqueued && slot.layout.upload_end > 0);
+        if (enqueued) {
+            (void)slot.fence.record(async(), stream);
+            slot.uses_mirror = slot.uses_mirror || slot.layout.upload_end > 0;
+        }
         if (Status released = release_leases(slot); !released) sink_(released);
+        if (enqueued) settle(static_cast<std::size_t>(&slot - slots_.data()));
         return failure;
     }
 
@@ -961,10 +965,13 @@ private:
 
     // ---- RunOwner and CompletionOwner ------------------------------------------------------
 
+    // A run dropped without finish: its leases are released once its uploads completed, before
+    // the handle's destructor returns.
     void drop_run(std::size_t slot) noexcept override {
         Slot& s = slots_[slot];
         s.handle = nullptr;
         if (Status status = end_live_run(s); !status) sink_(status);
+        settle(slot);
     }
     void relink_run(std::size_t slot, StagedRun* handle) noexcept override { slots_[slot].handle = handle; }
 
