@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // AscendBackend over the ACL shim: the backend contract, staging and pinned suites (the same
-// templated tests as for every backend), device binding, error messages, loading failures.
+// templated tests as for every backend), device binding, error messages, loading failures,
+// and the stream and event calls over the shim's asynchronous streams.
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "devstage/backends/ascend.hpp"
 #include "support.hpp"
@@ -20,6 +26,13 @@ struct Shim {
     int (*device_of)(const void*);
     std::size_t (*live_allocations)(int);
     int (*device_refs)(int);
+    void (*fail_async)(const char*, int, int);
+    int (*hold_stream)(void*, int);
+    long (*pending_tasks)(void*);
+    int (*stream_device)(void*);
+    int (*event_device)(void*);
+    std::size_t (*live_streams)(int);
+    std::size_t (*live_events)(int);
 
     static const Shim& get() {
         static const Shim shim = [] {
@@ -33,6 +46,13 @@ struct Shim {
             s.live_allocations =
                 reinterpret_cast<decltype(s.live_allocations)>(::dlsym(handle, "shim_live_allocations"));
             s.device_refs = reinterpret_cast<decltype(s.device_refs)>(::dlsym(handle, "shim_device_refs"));
+            s.fail_async = reinterpret_cast<decltype(s.fail_async)>(::dlsym(handle, "shim_fail_async"));
+            s.hold_stream = reinterpret_cast<decltype(s.hold_stream)>(::dlsym(handle, "shim_hold_stream"));
+            s.pending_tasks = reinterpret_cast<decltype(s.pending_tasks)>(::dlsym(handle, "shim_pending_tasks"));
+            s.stream_device = reinterpret_cast<decltype(s.stream_device)>(::dlsym(handle, "shim_stream_device"));
+            s.event_device = reinterpret_cast<decltype(s.event_device)>(::dlsym(handle, "shim_event_device"));
+            s.live_streams = reinterpret_cast<decltype(s.live_streams)>(::dlsym(handle, "shim_live_streams"));
+            s.live_events = reinterpret_cast<decltype(s.live_events)>(::dlsym(handle, "shim_live_events"));
             return s;
         }();
         return shim;
@@ -187,4 +207,360 @@ TEST_CASE("ascend: virtual memory is bound to the backend's device; a library wi
     Stager<AscendBackend, RetainedVmm<>> unsupported(*plain);
     auto refused = unsupported.bind(fits);
     CHECK(refused.status().code() == Errc::not_supported);
+}
+
+// ---- streams and events ------------------------------------------------------------------------
+
+namespace {
+// A backend with a device buffer whose bytes start as zeros.
+struct AsyncSetup {
+    explicit AsyncSetup(std::int32_t device, std::size_t bytes = 4096) {
+        auto created = AscendBackend::create(device);
+        REQUIRE(created.ok());
+        npu = std::make_unique<AscendBackend>(std::move(*created));
+        auto allocated = npu->device_malloc(bytes);
+        REQUIRE(allocated.ok());
+        buffer = *allocated;
+        const std::vector<std::byte> zeros(bytes);
+        REQUIRE(npu->copy_to_device(buffer, zeros.data(), bytes).ok());
+    }
+    AsyncSetup(const AsyncSetup&) = delete;
+    AsyncSetup& operator=(const AsyncSetup&) = delete;
+    ~AsyncSetup() { CHECK(npu->device_free(buffer).ok()); }
+
+    AscendBackend::Stream stream() {
+        auto made = npu->create_stream();
+        REQUIRE(made.ok());
+        return *made;
+    }
+    AscendBackend::Event event() {
+        auto made = npu->create_event();
+        REQUIRE(made.ok());
+        return *made;
+    }
+
+    std::unique_ptr<AscendBackend> npu;
+    void* buffer = nullptr;
+};
+
+bool ready(AscendBackend& npu, AscendBackend::Event event) {
+    Result<bool> answer = npu.event_ready(event);
+    REQUIRE(answer.ok());
+    return *answer;
+}
+
+// Releases a held stream once the host thread is about to block, so a call that should block
+// is seen to wait for the stream.
+class Releaser {
+public:
+    explicit Releaser(AscendBackend::Stream stream)
+        : thread_([this, stream] {
+              while (!blocking_.load()) std::this_thread::yield();
+              released_ = Shim::get().hold_stream(stream.handle, 0);
+          }) {}
+    Releaser(const Releaser&) = delete;
+    Releaser& operator=(const Releaser&) = delete;
+    ~Releaser() { join(); }
+    void about_to_block() { blocking_.store(true); }
+    int join() {
+        blocking_.store(true);
+        if (thread_.joinable()) thread_.join();
+        return released_;
+    }
+
+private:
+    std::atomic<bool> blocking_{false};
+    int released_ = -1;
+    std::thread thread_;
+};
+}  // namespace
+
+TEST_CASE("ascend: a stream runs its work in order after the calls return; its event completes there",
+          "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(0);
+    AscendBackend& npu = *setup.npu;
+    const AscendBackend::Stream stream = setup.stream();
+    const AscendBackend::Event event = setup.event();
+    const auto a = test::pattern(4096, 1), b = test::pattern(4096, 2);
+    const std::vector<std::byte> zeros(4096);
+    std::vector<std::byte> first(4096), second(4096);
+    REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+    REQUIRE(npu.copy_to_device_async(setup.buffer, a.data(), 4096, stream).ok());
+    REQUIRE(npu.copy_from_device_async(first.data(), setup.buffer, 4096, stream).ok());
+    REQUIRE(npu.copy_to_device_async(setup.buffer, b.data(), 4096, stream).ok());
+    REQUIRE(npu.copy_from_device_async(second.data(), setup.buffer, 4096, stream).ok());
+    REQUIRE(npu.record_event(event, stream).ok());
+    CHECK(shim.pending_tasks(stream.handle) == 5);
+    CHECK(first == zeros);           // enqueued, not run
+    CHECK_FALSE(ready(npu, event));  // the query answers while the stream is held
+    REQUIRE(shim.hold_stream(stream.handle, 0) == 0);
+    REQUIRE(npu.synchronize_event(event).ok());
+    CHECK(ready(npu, event));
+    CHECK(first == a);
+    CHECK(second == b);
+    CHECK(npu.destroy_event(event).ok());
+    CHECK(npu.destroy_stream(stream).ok());
+}
+
+TEST_CASE("ascend: stream_wait_event orders work across streams without blocking the host", "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(0);
+    AscendBackend& npu = *setup.npu;
+    const AscendBackend::Stream producer = setup.stream(), consumer = setup.stream();
+    const AscendBackend::Event uploaded = setup.event(), done = setup.event();
+    const auto a = test::pattern(4096, 3);
+    std::vector<std::byte> out(4096);
+    REQUIRE(shim.hold_stream(producer.handle, 1) == 0);
+    REQUIRE(npu.copy_to_device_async(setup.buffer, a.data(), a.size(), producer).ok());
+    REQUIRE(npu.record_event(uploaded, producer).ok());
+    REQUIRE(npu.stream_wait_event(consumer, uploaded).ok());
+    REQUIRE(npu.copy_from_device_async(out.data(), setup.buffer, out.size(), consumer).ok());
+    REQUIRE(npu.record_event(done, consumer).ok());
+    CHECK(shim.pending_tasks(consumer.handle) == 3);  // waiting for the held producer
+    CHECK_FALSE(ready(npu, done));
+    REQUIRE(shim.hold_stream(producer.handle, 0) == 0);
+    REQUIRE(npu.synchronize_event(done).ok());
+    CHECK(out == a);
+    for (const auto event : {uploaded, done}) CHECK(npu.destroy_event(event).ok());
+    for (const auto stream : {producer, consumer}) CHECK(npu.destroy_stream(stream).ok());
+}
+
+TEST_CASE("ascend: an event never recorded is ready and waits for nothing; a recorded one can be recorded again",
+          "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(0);
+    AscendBackend& npu = *setup.npu;
+    const AscendBackend::Stream stream = setup.stream();
+    const AscendBackend::Event event = setup.event();
+    // ACL itself reports a never-recorded event as not ready (the shim does, and refuses to wait
+    // on it): the backend answers without asking.
+    CHECK(ready(npu, event));
+    CHECK(npu.synchronize_event(event).ok());
+    REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+    CHECK(npu.stream_wait_event(stream, event).ok());
+    CHECK(shim.pending_tasks(stream.handle) == 0);
+    for (int round = 0; round < 2; ++round) {
+        REQUIRE(npu.record_event(event, stream).ok());
+        CHECK_FALSE(ready(npu, event));
+        REQUIRE(shim.hold_stream(stream.handle, 0) == 0);
+        REQUIRE(npu.synchronize_event(event).ok());
+        CHECK(ready(npu, event));
+        REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+    }
+    REQUIRE(shim.hold_stream(stream.handle, 0) == 0);
+    CHECK(npu.destroy_event(event).ok());
+    CHECK(npu.destroy_stream(stream).ok());
+}
+
+TEST_CASE("ascend: synchronize_event and destroy_stream block the host until the stream got there", "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(0);
+    AscendBackend& npu = *setup.npu;
+    const auto a = test::pattern(4096, 4);
+    const std::size_t streams = shim.live_streams(0);
+
+    SECTION("synchronize_event") {
+        const AscendBackend::Stream stream = setup.stream();
+        const AscendBackend::Event event = setup.event();
+        std::vector<std::byte> out(4096);
+        REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+        REQUIRE(npu.copy_to_device_async(setup.buffer, a.data(), a.size(), stream).ok());
+        REQUIRE(npu.copy_from_device_async(out.data(), setup.buffer, out.size(), stream).ok());
+        REQUIRE(npu.record_event(event, stream).ok());
+        Releaser releaser(stream);
+        releaser.about_to_block();
+        const Status synced = npu.synchronize_event(event);
+        REQUIRE(releaser.join() == 0);
+        REQUIRE(synced.ok());
+        CHECK(out == a);
+        CHECK(npu.destroy_event(event).ok());
+        CHECK(npu.destroy_stream(stream).ok());
+    }
+    SECTION("destroy_stream drains the stream first, as ACL requires") {
+        const AscendBackend::Stream stream = setup.stream();
+        std::vector<std::byte> out(4096);
+        REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+        REQUIRE(npu.copy_to_device_async(setup.buffer, a.data(), a.size(), stream).ok());
+        REQUIRE(npu.copy_from_device_async(out.data(), setup.buffer, out.size(), stream).ok());
+        Releaser releaser(stream);
+        releaser.about_to_block();
+        const Status destroyed = npu.destroy_stream(stream);
+        REQUIRE(releaser.join() == 0);
+        CHECK(destroyed.message() == "");
+        CHECK(out == a);
+    }
+    CHECK(shim.live_streams(0) == streams);
+}
+
+TEST_CASE("ascend: failed stream and event calls name the call, the bytes, the device, the ACL code and ACL's message",
+          "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(1, 128);
+    AscendBackend& npu = *setup.npu;
+    const AscendBackend::Stream stream = setup.stream();
+    const AscendBackend::Event event = setup.event();
+    REQUIRE(npu.record_event(event, stream).ok());  // so that queries and waits reach ACL
+    REQUIRE(npu.synchronize_event(event).ok());
+    std::vector<std::byte> host(128);
+    const std::size_t streams = shim.live_streams(1);
+    struct Call {
+        const char* function;
+        const char* named;
+        std::size_t bytes;
+        std::function<Status()> run;
+    };
+    const Call calls[] = {
+        {"aclrtCreateStream", "aclrtCreateStream", 0, [&] { return npu.create_stream().status(); }},
+        {"aclrtCreateEvent", "aclrtCreateEvent", 0, [&] { return npu.create_event().status(); }},
+        {"aclrtMemcpyAsync", "aclrtMemcpyAsync(host to device)", 128,
+         [&] { return npu.copy_to_device_async(setup.buffer, host.data(), 128, stream); }},
+        {"aclrtMemcpyAsync", "aclrtMemcpyAsync(device to host)", 128,
+         [&] { return npu.copy_from_device_async(host.data(), setup.buffer, 128, stream); }},
+        {"aclrtRecordEvent", "aclrtRecordEvent", 0, [&] { return npu.record_event(event, stream); }},
+        {"aclrtQueryEventStatus", "aclrtQueryEventStatus", 0, [&] { return npu.event_ready(event).status(); }},
+        {"aclrtSynchronizeEvent", "aclrtSynchronizeEvent", 0, [&] { return npu.synchronize_event(event); }},
+        {"aclrtStreamWaitEvent", "aclrtStreamWaitEvent", 0, [&] { return npu.stream_wait_event(stream, event); }},
+        {"aclrtSetCurrentContext", "aclrtSetCurrentContext", 0, [&] { return npu.record_event(event, stream); }},
+        {"aclrtSynchronizeStream", "aclrtSynchronizeStream", 0,
+         [&] {
+             auto doomed = npu.create_stream();
+             return doomed ? npu.destroy_stream(*doomed) : doomed.status();
+         }},
+        {"aclrtDestroyStream", "aclrtDestroyStream", 0,
+         [&] {
+             auto doomed = npu.create_stream();
+             if (!doomed) return doomed.status();
+             Status failed = npu.destroy_stream(*doomed);
+             (void)npu.destroy_stream(*doomed);
+             return failed;
+         }},
+        {"aclrtDestroyEvent", "aclrtDestroyEvent", 0,
+         [&] {
+             auto doomed = npu.create_event();
+             if (!doomed) return doomed.status();
+             Status failed = npu.destroy_event(*doomed);
+             (void)npu.destroy_event(*doomed);  // a failed destroy leaves the event usable
+             return failed;
+         }},
+    };
+    for (const Call& call : calls) {
+        INFO(call.named);
+        shim.fail(call.function, 1, 507899);
+        const Status failed = call.run();
+        REQUIRE_FALSE(failed.ok());
+        CHECK(failed.code() == Errc::backend_failure);
+        const std::string bytes = call.bytes > 0 ? std::to_string(call.bytes) + " bytes" : "on device";
+        CHECK_THAT(
+            failed.message(),
+            Catch::StartsWith(std::string("ascend ") + call.named + " failed") && Catch::Contains(bytes) &&
+                Catch::Contains("device 1: ACL error 507899 (injected failure of " + std::string(call.function) + ")"));
+    }
+    CHECK(shim.live_streams(1) == streams);  // a stream whose synchronize failed is destroyed all the same
+
+    // Refused at the call: the shim validates the device range of an asynchronous copy.
+    const Status outside = npu.copy_to_device_async(host.data(), host.data(), 128, stream);
+    CHECK_THAT(outside.message(), Catch::Contains("ACL error 100000 (device range is not inside one allocation)"));
+    CHECK(npu.destroy_event(event).ok());
+    CHECK(npu.destroy_stream(stream).ok());
+}
+
+TEST_CASE("ascend: a task that fails on the stream is reported by the calls that wait for it", "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup setup(0);
+    AscendBackend& npu = *setup.npu;
+    const AscendBackend::Stream stream = setup.stream();
+    const AscendBackend::Event event = setup.event();
+    const auto a = test::pattern(4096, 5);
+    const std::size_t streams = shim.live_streams(0);
+
+    SECTION("an injected failure of the copy") {
+        shim.fail_async("aclrtMemcpyAsync", 1, 507011);
+        REQUIRE(npu.copy_to_device_async(setup.buffer, a.data(), a.size(), stream).ok());  // accepted
+    }
+    SECTION("device memory freed before the copy ran") {
+        auto doomed = npu.device_malloc(4096);
+        REQUIRE(doomed.ok());
+        REQUIRE(shim.hold_stream(stream.handle, 1) == 0);
+        REQUIRE(npu.copy_to_device_async(*doomed, a.data(), a.size(), stream).ok());
+        REQUIRE(npu.device_free(*doomed).ok());
+        REQUIRE(shim.hold_stream(stream.handle, 0) == 0);
+    }
+    REQUIRE(npu.record_event(event, stream).ok());
+    const Status synced = npu.synchronize_event(event);
+    CHECK(synced.code() == Errc::backend_failure);
+    CHECK_THAT(synced.message(), Catch::StartsWith("ascend aclrtSynchronizeEvent failed on device 0: ACL error") &&
+                                     (Catch::Contains("507011 (injected asynchronous failure of aclrtMemcpyAsync)") ||
+                                      Catch::Contains("500001 (device memory of an aclrtMemcpyAsync was freed")));
+    CHECK_FALSE(ready(npu, event));  // ACL reports an event behind a failed task as not ready
+    const Status destroyed = npu.destroy_stream(stream);
+    CHECK_THAT(destroyed.message(), Catch::Contains("aclrtSynchronizeStream"));
+    CHECK(shim.live_streams(0) == streams - 1);
+    CHECK(npu.destroy_event(event).ok());
+}
+
+TEST_CASE("ascend: streams and events of two backends are made and used in each backend's own context",
+          "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    AsyncSetup zero(0), one(1);
+    const std::size_t streams0 = shim.live_streams(0), streams1 = shim.live_streams(1);
+    const std::size_t events0 = shim.live_events(0), events1 = shim.live_events(1);
+    std::vector<AscendBackend::Stream> streams;
+    std::vector<AscendBackend::Event> events;
+    for (int round = 0; round < 2; ++round) {  // alternate: each call finds the other's context current
+        streams.push_back(zero.stream());
+        streams.push_back(one.stream());
+        events.push_back(zero.event());
+        events.push_back(one.event());
+    }
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+        CHECK(shim.stream_device(streams[i].handle) == static_cast<int>(i % 2));
+        CHECK(shim.event_device(events[i].handle()) == static_cast<int>(i % 2));
+    }
+    const auto a = test::pattern(4096, 6), b = test::pattern(4096, 7);
+    std::vector<std::byte> out_a(4096), out_b(4096);
+    // The shim refuses work on a stream whose context is not current.
+    REQUIRE(zero.npu->copy_to_device_async(zero.buffer, a.data(), a.size(), streams[0]).ok());
+    REQUIRE(one.npu->copy_to_device_async(one.buffer, b.data(), b.size(), streams[1]).ok());
+    REQUIRE(zero.npu->copy_from_device_async(out_a.data(), zero.buffer, a.size(), streams[0]).ok());
+    REQUIRE(one.npu->copy_from_device_async(out_b.data(), one.buffer, b.size(), streams[1]).ok());
+    REQUIRE(zero.npu->record_event(events[0], streams[0]).ok());
+    REQUIRE(one.npu->record_event(events[1], streams[1]).ok());
+    REQUIRE(zero.npu->synchronize_event(events[0]).ok());
+    REQUIRE(one.npu->synchronize_event(events[1]).ok());
+    CHECK(out_a == a);
+    CHECK(out_b == b);
+    // A stream of another backend is not one of this backend's context.
+    CHECK_FALSE(zero.npu->copy_to_device_async(one.buffer, b.data(), b.size(), streams[1]).ok());
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+        AscendBackend& owner = i % 2 == 0 ? *zero.npu : *one.npu;
+        CHECK(owner.destroy_event(events[i]).ok());
+        CHECK(owner.destroy_stream(streams[i]).ok());
+    }
+    CHECK(shim.live_streams(0) == streams0);
+    CHECK(shim.live_streams(1) == streams1);
+    CHECK(shim.live_events(0) == events0);
+    CHECK(shim.live_events(1) == events1);
+}
+
+TEST_CASE("ascend: destroying a backend destroys the streams still in its context", "[ascend][async]") {
+    const Shim& shim = Shim::get();
+    const std::size_t streams = shim.live_streams(2);
+    {
+        auto npu = AscendBackend::create(2);
+        REQUIRE(npu.ok());
+        REQUIRE(npu->create_stream().ok());
+        CHECK(shim.live_streams(2) == streams + 1);
+    }
+    CHECK(shim.live_streams(2) == streams);
+}
+
+TEST_CASE("ascend: an event not made by create_event is refused", "[ascend][async]") {
+    AsyncSetup setup(0);
+    const AscendBackend::Event none{};
+    CHECK(setup.npu->event_ready(none).status().code() == Errc::invalid_argument);
+    const Status refused = setup.npu->synchronize_event(none);
+    CHECK(refused.code() == Errc::invalid_argument);
+    CHECK_THAT(refused.message(), Catch::Contains("aclrtSynchronizeEvent on device 0") &&
+                                      Catch::Contains("the event was not made by create_event"));
 }

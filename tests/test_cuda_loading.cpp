@@ -1,9 +1,103 @@
 // SPDX-License-Identifier: Apache-2.0
-// CudaBackend loading, on any machine: a missing library is library_not_found naming it; a
-// runtime that loads but finds no GPU (as on CI) is a clean not_supported, never a crash.
+// CudaBackend on any machine. Loading: a missing library or entry point is library_not_found
+// naming it; a runtime that loads but finds no GPU (as on CI) is a clean not_supported; a
+// missing or incapable driver only turns virtual memory off. Then the backend over
+// tests/cuda_shim/ — a stand-in runtime and driver — runs the contract, staging, pinned and
+// virtual-memory suites, and its stream, event and driver calls are checked for what they
+// send: flags, devices, the primary context, messages. Where cuda.h is installed, the ABI
+// declarations of cuda.hpp are checked against it.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "devstage/backends/cuda.hpp"
+#include "support.hpp"
+
+#ifdef DEVSTAGE_TEST_CUDA_H
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <driver_types.h>
+#endif
+
+namespace {
+const char* shim_path() {
+    const char* path = std::getenv("DEVSTAGE_CUDA_SHIM_LIBRARY");
+    return path != nullptr ? path : "libcudart_shim.so";
+}
+
+// The stand-in's test-control functions, from the same library the backend loads.
+struct CudaShim {
+    void (*set_capacity)(int, std::size_t);
+    void (*fail)(const char*, int, int);
+    void (*event_not_ready)(int);
+    void (*set_vmm_supported)(int);
+    int (*device_of)(const void*);
+    int (*stream_info)(void*, unsigned*);
+    int (*event_info)(void*, unsigned*);
+    unsigned (*last_wait_flags)();
+    std::size_t (*live)(int);
+    int (*set_device)(int);  // the runtime's cudaSetDevice: changes the thread's current device
+
+    enum Live { streams, events, reservations, mappings, physicals };
+
+    static const CudaShim& get() {
+        static const CudaShim shim = [] {
+            void* handle = ::dlopen(shim_path(), RTLD_NOW);
+            CudaShim s{};
+            if (handle == nullptr) return s;
+            s.set_capacity = reinterpret_cast<decltype(s.set_capacity)>(::dlsym(handle, "cuda_shim_set_capacity"));
+            s.fail = reinterpret_cast<decltype(s.fail)>(::dlsym(handle, "cuda_shim_fail"));
+            s.event_not_ready =
+                reinterpret_cast<decltype(s.event_not_ready)>(::dlsym(handle, "cuda_shim_event_not_ready"));
+            s.set_vmm_supported =
+                reinterpret_cast<decltype(s.set_vmm_supported)>(::dlsym(handle, "cuda_shim_set_vmm_supported"));
+            s.device_of = reinterpret_cast<decltype(s.device_of)>(::dlsym(handle, "cuda_shim_device_of"));
+            s.stream_info = reinterpret_cast<decltype(s.stream_info)>(::dlsym(handle, "cuda_shim_stream_info"));
+            s.event_info = reinterpret_cast<decltype(s.event_info)>(::dlsym(handle, "cuda_shim_event_info"));
+            s.last_wait_flags =
+                reinterpret_cast<decltype(s.last_wait_flags)>(::dlsym(handle, "cuda_shim_last_wait_flags"));
+            s.live = reinterpret_cast<decltype(s.live)>(::dlsym(handle, "cuda_shim_live"));
+            s.set_device = reinterpret_cast<decltype(s.set_device)>(::dlsym(handle, "cudaSetDevice"));
+            return s;
+        }();
+        REQUIRE(shim.set_capacity != nullptr);
+        return shim;
+    }
+};
+
+devstage::CudaBackend make_on_shim(int device) {
+    devstage::Result<devstage::CudaBackend> backend = devstage::CudaBackend::create(device, shim_path(), shim_path());
+    REQUIRE(backend.ok());
+    return std::move(*backend);
+}
+}  // namespace
+
+template <>
+struct devstage::test::BackendFactory<devstage::CudaBackend> {
+    static std::unique_ptr<CudaBackend> make(std::size_t capacity = std::size_t{1} << 32) {
+        CudaShim::get().set_capacity(0, capacity);
+        return std::make_unique<CudaBackend>(make_on_shim(0));
+    }
+};
+
+using ContractBackends = std::tuple<devstage::CudaBackend>;
+using StagingBackends = std::tuple<devstage::CudaBackend>;
+using PinnedBackends = std::tuple<devstage::CudaBackend>;
+using VmmBackends = std::tuple<devstage::CudaBackend>;
+#include "backend_contract.hpp"
+#include "pinned_suite.hpp"
+#include "staging_suite.hpp"
+#include "vmm_suite.hpp"
 
 using namespace devstage;
 
@@ -12,6 +106,16 @@ TEST_CASE("cuda: a missing library is library_not_found naming it", "[cuda]") {
     REQUIRE_FALSE(missing.ok());
     CHECK(missing.status().code() == Errc::library_not_found);
     CHECK_THAT(missing.status().message(), Catch::Contains("/nonexistent/libcudart.so.13"));
+}
+
+TEST_CASE("cuda: a runtime missing an entry point is library_not_found naming it", "[cuda]") {
+    const char* without_query = std::getenv("DEVSTAGE_CUDA_SHIM_NO_QUERY_LIBRARY");
+    REQUIRE(without_query != nullptr);
+    auto incomplete = CudaBackend::create(0, without_query, shim_path());
+    REQUIRE_FALSE(incomplete.ok());
+    CHECK(incomplete.status().code() == Errc::library_not_found);
+    CHECK_THAT(incomplete.status().message(),
+               Catch::Contains("symbol cudaEventQuery not found") && Catch::Contains(without_query));
 }
 
 TEST_CASE("cuda: the installed runtime either gives a device or says why not", "[cuda]") {
@@ -29,3 +133,318 @@ TEST_CASE("cuda: the installed runtime either gives a device or says why not", "
         CHECK_THAT(gpu.status().message(), Catch::Contains("cuda"));
     }
 }
+
+TEST_CASE("cuda: without a capable driver, creation succeeds and virtual memory is not_supported, saying why",
+          "[cuda][vmm]") {
+    const CudaShim& shim = CudaShim::get();
+    const char* runtime_only = std::getenv("DEVSTAGE_CUDA_SHIM_NO_DRIVER_LIBRARY");
+    REQUIRE(runtime_only != nullptr);
+    struct Case {
+        const char* what;
+        std::string driver;
+        int supported;
+        const char* why;
+    };
+    const Case cases[] = {
+        {"no driver library", "/nonexistent/libcuda.so.1", 1, "/nonexistent/libcuda.so.1"},
+        {"a driver without the entry points", runtime_only, 1, "cuDeviceGet"},
+        {"a device without virtual memory", shim_path(), 0, "no virtual memory management"},
+    };
+    for (const Case& c : cases) {
+        SECTION(c.what) {
+            shim.set_vmm_supported(c.supported);
+            auto gpu = CudaBackend::create(0, shim_path(), c.driver);
+            shim.set_vmm_supported(1);
+            REQUIRE(gpu.ok());
+            CHECK(gpu->vmm_granularity() == 0);
+            const Status reserve = gpu->vmm_reserve(std::size_t{2} << 20).status();
+            CHECK(reserve.code() == Errc::not_supported);
+            CHECK_THAT(reserve.message(),
+                       Catch::Contains("virtual memory is not available for device 0") && Catch::Contains(c.why));
+            CHECK(gpu->vmm_create(std::size_t{2} << 20).status().code() == Errc::not_supported);
+            CHECK(gpu->vmm_map(nullptr, std::size_t{2} << 20, 1).code() == Errc::not_supported);
+            CHECK(gpu->vmm_unmap(nullptr, std::size_t{2} << 20).code() == Errc::not_supported);
+            CHECK(gpu->vmm_free(1).code() == Errc::not_supported);
+            CHECK(gpu->vmm_release(nullptr).code() == Errc::not_supported);
+            Stager<CudaBackend, RetainedVmm<>> stager(*gpu);
+            std::vector<std::byte> host(4096);
+            const TensorArg args[] = {{host.data(), host.size(), Direction::In}};
+            CHECK(stager.bind(args).status().code() == Errc::not_supported);
+            auto device = gpu->device_malloc(256);  // the rest of the backend works
+            REQUIRE(device.ok());
+            CHECK(gpu->device_free(*device).ok());
+        }
+    }
+    auto capable = CudaBackend::create(0, shim_path(), shim_path());
+    REQUIRE(capable.ok());
+    CHECK(capable->vmm_granularity() == std::size_t{2} << 20);
+}
+
+TEST_CASE("cuda: streams and events are made on the backend's device with the documented flags", "[cuda][async]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend one = make_on_shim(1);
+    REQUIRE(shim.set_device(0) == 0);  // another device is current on this thread
+    auto stream = one.create_stream();
+    REQUIRE(stream.ok());
+    REQUIRE(shim.set_device(0) == 0);
+    auto event = one.create_event();
+    REQUIRE(event.ok());
+    unsigned flags = 0;
+    CHECK(shim.stream_info(stream->handle, &flags) == 1);
+    CHECK(flags == cudart::stream_non_blocking);
+    CHECK(shim.event_info(event->handle, &flags) == 1);
+    CHECK(flags == cudart::event_disable_timing);
+
+    REQUIRE(shim.set_device(0) == 0);
+    auto device = one.device_malloc(4096);
+    REQUIRE(device.ok());
+    CHECK(shim.device_of(*device) == 1);
+    const auto in = test::pattern(4096, 3);
+    std::vector<std::byte> out(4096);
+    REQUIRE(one.copy_to_device_async(*device, in.data(), in.size(), *stream).ok());
+    REQUIRE(one.copy_from_device_async(out.data(), *device, out.size(), *stream).ok());
+    REQUIRE(shim.set_device(0) == 0);
+    REQUIRE(one.record_event(*event, *stream).ok());  // the shim refuses a record across devices
+    REQUIRE(one.stream_wait_event(*stream, *event).ok());
+    CHECK(shim.last_wait_flags() == 0);
+    REQUIRE(one.synchronize_event(*event).ok());
+    CHECK(out == in);
+
+    int calls = 0;
+    REQUIRE(one.launch_host_func(
+                   *stream, [](void* data) { ++*static_cast<int*>(data); }, &calls)
+                .ok());
+    CHECK(calls == 1);
+
+    const std::size_t streams = shim.live(CudaShim::streams), events = shim.live(CudaShim::events);
+    CHECK(one.destroy_event(*event).ok());
+    CHECK(one.destroy_stream(*stream).ok());
+    CHECK(shim.live(CudaShim::streams) == streams - 1);
+    CHECK(shim.live(CudaShim::events) == events - 1);
+    CHECK(one.device_free(*device).ok());
+}
+
+TEST_CASE("cuda: event_ready reads cudaErrorNotReady as false, never as an error", "[cuda][async]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(0);
+    auto stream = gpu.create_stream();
+    auto event = gpu.create_event();
+    REQUIRE(stream.ok());
+    REQUIRE(event.ok());
+    CHECK(*gpu.event_ready(*event));  // never recorded: cudaEventQuery says cudaSuccess
+    REQUIRE(gpu.record_event(*event, *stream).ok());
+    shim.event_not_ready(2);
+    for (int poll = 0; poll < 2; ++poll) {
+        Result<bool> ready = gpu.event_ready(*event);
+        REQUIRE(ready.ok());
+        CHECK_FALSE(*ready);
+    }
+    Result<bool> ready = gpu.event_ready(*event);
+    REQUIRE(ready.ok());
+    CHECK(*ready);
+    // Any other code is an error: a sticky one of earlier work surfaces here.
+    shim.fail("cudaEventQuery", 1, 700);
+    Result<bool> failed = gpu.event_ready(*event);
+    REQUIRE_FALSE(failed.ok());
+    CHECK(failed.status().code() == Errc::backend_failure);
+    CHECK_THAT(failed.status().message(), Catch::Contains("cuda cudaEventQuery failed on device 0: cudaError 700") &&
+                                              Catch::Contains("illegal memory access"));
+    CHECK(gpu.destroy_event(*event).ok());
+    CHECK(gpu.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("cuda: zero-byte asynchronous copies make no runtime call", "[cuda][async]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(0);
+    auto stream = gpu.create_stream();
+    REQUIRE(stream.ok());
+    auto device = gpu.device_malloc(64);
+    REQUIRE(device.ok());
+    std::byte host[64]{};
+    shim.fail("cudaMemcpyAsync", 1, 1);  // the next call that reaches the runtime fails
+    CHECK(gpu.copy_to_device_async(*device, host, 0, *stream).ok());
+    CHECK(gpu.copy_from_device_async(host, *device, 0, *stream).ok());
+    CHECK_FALSE(gpu.copy_to_device_async(*device, host, 64, *stream).ok());
+    CHECK(gpu.device_free(*device).ok());
+    CHECK(gpu.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("cuda: failed stream and event calls name the call, the bytes, the device, the code and its text",
+          "[cuda][async]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(1);
+    auto stream = gpu.create_stream();
+    auto event = gpu.create_event();
+    auto device = gpu.device_malloc(128);
+    REQUIRE(stream.ok());
+    REQUIRE(event.ok());
+    REQUIRE(device.ok());
+    std::vector<std::byte> host(128);
+    const CudaBackend::Stream s = *stream;
+    const CudaBackend::Event e = *event;
+    void* d = *device;
+    struct Call {
+        const char* function;
+        const char* named;
+        std::size_t bytes;
+        std::function<Status()> run;
+    };
+    const Call calls[] = {
+        {"cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags", 0, [&] { return gpu.create_stream().status(); }},
+        {"cudaEventCreateWithFlags", "cudaEventCreateWithFlags", 0, [&] { return gpu.create_event().status(); }},
+        {"cudaMemcpyAsync", "cudaMemcpyAsync(host to device)", 128,
+         [&] { return gpu.copy_to_device_async(d, host.data(), 128, s); }},
+        {"cudaMemcpyAsync", "cudaMemcpyAsync(device to host)", 128,
+         [&] { return gpu.copy_from_device_async(host.data(), d, 128, s); }},
+        {"cudaEventRecord", "cudaEventRecord", 0, [&] { return gpu.record_event(e, s); }},
+        {"cudaEventQuery", "cudaEventQuery", 0, [&] { return gpu.event_ready(e).status(); }},
+        {"cudaEventSynchronize", "cudaEventSynchronize", 0, [&] { return gpu.synchronize_event(e); }},
+        {"cudaStreamWaitEvent", "cudaStreamWaitEvent", 0, [&] { return gpu.stream_wait_event(s, e); }},
+        {"cudaLaunchHostFunc", "cudaLaunchHostFunc", 0,
+         [&] {
+             return gpu.launch_host_func(
+                 s, [](void*) {}, nullptr);
+         }},
+        {"cudaSetDevice", "cudaSetDevice", 0, [&] { return gpu.record_event(e, s); }},
+    };
+    for (const Call& call : calls) {
+        INFO(call.named);
+        if (std::string_view(call.function) == "cudaSetDevice") REQUIRE(shim.set_device(0) == 0);
+        shim.fail(call.function, 1, 700);
+        const Status failed = call.run();
+        REQUIRE_FALSE(failed.ok());
+        CHECK(failed.code() == Errc::backend_failure);
+        const std::string bytes = call.bytes > 0 ? std::to_string(call.bytes) + " bytes" : "on device";
+        CHECK_THAT(failed.message(), Catch::StartsWith(std::string("cuda ") + call.named + " failed") &&
+                                         Catch::Contains(bytes) && Catch::Contains("device 1") &&
+                                         Catch::Contains("cudaError 700 (an illegal memory access was encountered)"));
+    }
+    shim.fail("cudaStreamCreateWithFlags", 1, 2);
+    CHECK(gpu.create_stream().status().code() == Errc::out_of_memory);
+    CHECK(gpu.device_free(d).ok());
+    CHECK(gpu.destroy_event(e).ok());
+    CHECK(gpu.destroy_stream(s).ok());
+}
+
+TEST_CASE("cuda: virtual memory runs through the driver in the runtime's primary context, on any thread",
+          "[cuda][vmm]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(0);
+    const std::size_t granule = gpu.vmm_granularity();
+    REQUIRE(granule == std::size_t{2} << 20);
+    // A thread that never called the runtime has no current context: the backend makes the
+    // primary context current before each driver call (the shim refuses a call without one).
+    std::vector<std::pair<const char*, Status>> steps;
+    bool round_trip = false;
+    std::thread fresh([&] {  // no Catch2 assertion on this thread: steps are checked after join
+        auto base = gpu.vmm_reserve(4 * granule);
+        auto first = gpu.vmm_create(granule);
+        auto second = gpu.vmm_create(granule);
+        steps = {{"reserve", base.status()}, {"create", first.status()}, {"create", second.status()}};
+        if (!base || !first || !second) return;
+        auto* bytes = static_cast<std::byte*>(*base);
+        steps.emplace_back("map", gpu.vmm_map(bytes, granule, *first));
+        steps.emplace_back("map", gpu.vmm_map(bytes + granule, granule, *second));
+        // Mapped memory is usable only once access was granted (cuMemSetAccess), across chunks.
+        const auto in = test::pattern(4096, 8);
+        void* straddling = bytes + granule - 2048;
+        steps.emplace_back("copy", gpu.copy_to_device(straddling, in.data(), in.size()));
+        round_trip = test::read_device(gpu, straddling, in.size()) == in;
+        steps.emplace_back("unmap", gpu.vmm_unmap(bytes + granule, granule));
+        steps.emplace_back("unmap", gpu.vmm_unmap(bytes, granule));
+        steps.emplace_back("free", gpu.vmm_free(*second));
+        steps.emplace_back("free", gpu.vmm_free(*first));
+        steps.emplace_back("release", gpu.vmm_release(*base));
+    });
+    fresh.join();
+    REQUIRE(steps.size() == 11);
+    for (const auto& [step, status] : steps) {
+        INFO(step);
+        CHECK(status.message() == "");
+    }
+    CHECK(round_trip);
+    CHECK(shim.live(CudaShim::reservations) == 0);
+    CHECK(shim.live(CudaShim::mappings) == 0);
+    CHECK(shim.live(CudaShim::physicals) == 0);
+
+    int unknown = 0;
+    const Status foreign = gpu.vmm_release(&unknown);
+    CHECK(foreign.code() == Errc::invalid_argument);
+    CHECK_THAT(foreign.message(), Catch::Contains("not a reservation of this backend"));
+}
+
+TEST_CASE("cuda: failed driver calls name the call, the bytes, the device and the CUresult; a failed map is undone",
+          "[cuda][vmm]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(0);
+    const std::size_t granule = gpu.vmm_granularity();
+    shim.fail("cuMemCreate", 1, 2);
+    auto oom = gpu.vmm_create(granule);
+    REQUIRE_FALSE(oom.ok());
+    CHECK(oom.status().code() == Errc::out_of_memory);
+    CHECK_THAT(oom.status().message(), Catch::Contains("cuda cuMemCreate failed for 2097152 bytes on device 0") &&
+                                           Catch::Contains("CUresult 2 (out of memory)"));
+
+    auto base = gpu.vmm_reserve(granule);
+    auto chunk = gpu.vmm_create(granule);
+    REQUIRE(base.ok());
+    REQUIRE(chunk.ok());
+    shim.fail("cuMemSetAccess", 1, 1);
+    const Status mapped = gpu.vmm_map(*base, granule, *chunk);
+    CHECK(mapped.code() == Errc::backend_failure);
+    CHECK_THAT(mapped.message(), Catch::Contains("cuMemSetAccess") && Catch::Contains("CUresult 1 (invalid argument)"));
+    CHECK(shim.live(CudaShim::mappings) == 0);  // unmapped again
+    CHECK(gpu.vmm_free(*chunk).ok());
+    CHECK(gpu.vmm_release(*base).ok());
+    CHECK(shim.live(CudaShim::reservations) == 0);
+}
+
+#ifdef DEVSTAGE_TEST_CUDA_H
+// The declarations cuda.hpp keeps for itself, against the installed CUDA headers.
+static_assert(cudart::success == cudaSuccess);
+static_assert(cudart::error_memory_allocation == cudaErrorMemoryAllocation);
+static_assert(cudart::error_insufficient_driver == cudaErrorInsufficientDriver);
+static_assert(cudart::error_no_device == cudaErrorNoDevice);
+static_assert(cudart::error_not_ready == cudaErrorNotReady);
+static_assert(cudart::memcpy_host_to_device == cudaMemcpyHostToDevice);
+static_assert(cudart::memcpy_device_to_host == cudaMemcpyDeviceToHost);
+static_assert(cudart::host_alloc_default == cudaHostAllocDefault);
+static_assert(cudart::stream_non_blocking == cudaStreamNonBlocking);
+static_assert(cudart::event_disable_timing == cudaEventDisableTiming);
+static_assert(sizeof(cudaError_t) == sizeof(cudart::cudaError_t) && sizeof(cudaMemcpyKind) == sizeof(int));
+static_assert(sizeof(cudaStream_t) == sizeof(cudart::cudaStream_t) &&
+              sizeof(cudaEvent_t) == sizeof(cudart::cudaEvent_t));
+static_assert(std::is_same_v<cudaHostFn_t, cudart::cudaHostFn_t>);
+
+static_assert(cudrv::success == CUDA_SUCCESS);
+static_assert(cudrv::error_out_of_memory == CUDA_ERROR_OUT_OF_MEMORY);
+static_assert(cudrv::error_not_supported == CUDA_ERROR_NOT_SUPPORTED);
+static_assert(cudrv::device_attribute_virtual_memory_management_supported ==
+              CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+static_assert(cudrv::mem_allocation_type_pinned == CU_MEM_ALLOCATION_TYPE_PINNED);
+static_assert(cudrv::mem_handle_type_none == CU_MEM_HANDLE_TYPE_NONE);
+static_assert(cudrv::mem_location_type_device == CU_MEM_LOCATION_TYPE_DEVICE);
+static_assert(cudrv::mem_access_flags_prot_readwrite == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+static_assert(cudrv::mem_alloc_granularity_minimum == CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+static_assert(sizeof(CUresult) == sizeof(cudrv::CUresult) && sizeof(CUdevice) == sizeof(cudrv::CUdevice));
+static_assert(std::is_same_v<CUdeviceptr, cudrv::CUdeviceptr>);
+static_assert(std::is_same_v<CUmemGenericAllocationHandle, cudrv::CUmemGenericAllocationHandle>);
+static_assert(sizeof(CUmemLocation) == sizeof(cudrv::MemLocation));
+static_assert(offsetof(CUmemLocation, type) == offsetof(cudrv::MemLocation, type));
+static_assert(offsetof(CUmemLocation, id) == offsetof(cudrv::MemLocation, id));
+static_assert(sizeof(CUmemAllocationProp) == sizeof(cudrv::MemAllocationProp));
+static_assert(offsetof(CUmemAllocationProp, type) == offsetof(cudrv::MemAllocationProp, type));
+static_assert(offsetof(CUmemAllocationProp, requestedHandleTypes) ==
+              offsetof(cudrv::MemAllocationProp, requested_handle_types));
+static_assert(offsetof(CUmemAllocationProp, location) == offsetof(cudrv::MemAllocationProp, location));
+static_assert(offsetof(CUmemAllocationProp, win32HandleMetaData) ==
+              offsetof(cudrv::MemAllocationProp, win32_handle_meta_data));
+static_assert(offsetof(CUmemAllocationProp, allocFlags) == offsetof(cudrv::MemAllocationProp, alloc_flags));
+static_assert(sizeof(CUmemAccessDesc) == sizeof(cudrv::MemAccessDesc));
+static_assert(offsetof(CUmemAccessDesc, location) == offsetof(cudrv::MemAccessDesc, location));
+static_assert(offsetof(CUmemAccessDesc, flags) == offsetof(cudrv::MemAccessDesc, flags));
+
+TEST_CASE("cuda: the ABI declarations match the installed cuda.h", "[cuda]") {
+    SUCCEED("checked at compile time");
+}
+#endif

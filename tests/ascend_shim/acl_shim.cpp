@@ -4,17 +4,34 @@
 // contexts, allocations tagged with their device, per-device capacity, the documented rules
 // (size 0 rejected, count > destMax rejected, 64-byte alignment, no context → error) and
 // fault injection controlled by the tests through the shim_* functions.
+//
+// Streams are asynchronous: each has a worker thread that runs its tasks (copies, event
+// records, event waits) in order. An asynchronous copy is validated when it is enqueued and
+// again when it runs (its device memory may have been freed in between: the task then fails).
+// A failed task makes the stream's later copies no-ops and the events recorded after it
+// complete with the error; aclrtSynchronizeStream / aclrtSynchronizeEvent report it. Waiting
+// on an event inherits its error. Every piece of shared state is guarded by one mutex, and
+// the workers run their tasks holding it, so a free never races a copy.
 #include <sys/mman.h>
+#include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 using aclError = int;
 using aclrtContext = void*;
+using aclrtStream = void*;
+using aclrtEvent = void*;
 
 namespace {
 constexpr aclError ACL_SUCCESS = 0;
@@ -25,6 +42,9 @@ constexpr aclError ACL_ERROR_RT_PARAM_INVALID = 107000;
 constexpr aclError ACL_ERROR_RT_INVALID_DEVICEID = 107001;
 constexpr aclError ACL_ERROR_RT_CONTEXT_NULL = 107002;
 constexpr aclError ACL_ERROR_RT_MEMORY_ALLOCATION = 207001;
+constexpr aclError ACL_ERROR_FAILURE = 500001;
+constexpr int ACL_EVENT_RECORDED_STATUS_NOT_READY = 0;
+constexpr int ACL_EVENT_RECORDED_STATUS_COMPLETE = 1;
 constexpr int device_count = 4;
 
 struct Context {
@@ -50,18 +70,57 @@ struct Physical {
 std::map<std::uintptr_t, Reservation> reservations;
 std::map<void*, Physical> physicals;
 
+// An event: `recorded` records were enqueued, the workers reached `completed` of them; the
+// last one reached carried `error` (0: none).
+struct Event {
+    Context* context;
+    std::uint64_t recorded = 0;
+    std::uint64_t completed = 0;
+    aclError error = ACL_SUCCESS;
+    std::string message;
+};
+
+struct Task {
+    enum class Kind { copy, record, wait };
+    explicit Task(Kind k) : kind(k) {}
+    Kind kind;
+    void* dst = nullptr;
+    const void* src = nullptr;
+    std::size_t count = 0;
+    bool to_device = false;
+    aclError fails_with = ACL_SUCCESS;  // an injected asynchronous failure
+    std::shared_ptr<Event> event;
+    std::uint64_t generation = 0;
+};
+
+struct Stream {
+    Context* context;
+    std::deque<Task> tasks;
+    bool held = false;
+    bool stopping = false;
+    aclError error = ACL_SUCCESS;  // the first failed task's code; sticky
+    std::string message;
+    std::thread worker;
+};
+
 std::mutex mutex;
+std::condition_variable progress;  // any task ran, any stream changed state
 bool initialized = false;
 int device_refs[device_count] = {};
 std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34, std::size_t{1} << 34,
                                       std::size_t{1} << 34};
 std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
+std::map<void*, Stream*> streams;
+std::map<void*, std::shared_ptr<Event>> events;
 thread_local Context* current = nullptr;
 thread_local std::string recent_error;
 std::string fail_function;
 int fail_countdown = 0;
 aclError fail_code = 0;
+std::string fail_async_function;
+int fail_async_countdown = 0;
+aclError fail_async_code = 0;
 
 aclError fail(aclError code, std::string message) {
     recent_error = std::move(message);
@@ -77,27 +136,157 @@ bool injected(const char* function, aclError& code) {
     return true;
 }
 
-bool in_mapped_reservation(std::uintptr_t address, std::size_t bytes) {
+// The code an enqueued task of `function` fails with when it runs, if an asynchronous failure
+// is armed and due.
+aclError injected_async(const char* function) {
+    if (fail_async_function != function || fail_async_countdown <= 0) return ACL_SUCCESS;
+    if (--fail_async_countdown > 0) return ACL_SUCCESS;
+    fail_async_function.clear();
+    return fail_async_code;
+}
+
+std::optional<int> in_mapped_reservation(std::uintptr_t address, std::size_t bytes) {
     auto next = reservations.upper_bound(address);
-    if (next == reservations.begin()) return false;
+    if (next == reservations.begin()) return std::nullopt;
     --next;
     const std::uintptr_t offset = address - next->first;
-    return offset <= next->second.mapped && bytes <= next->second.mapped - offset;
+    if (offset > next->second.mapped || bytes > next->second.mapped - offset) return std::nullopt;
+    return next->second.device;
 }
 
-const Allocation vmm_allocation{0, 0};
-
-const Allocation* find(const void* pointer, std::size_t bytes, bool device) {
+// The device of the allocation holding [pointer, pointer + bytes) (-1: host memory), if one
+// of the wanted kind does.
+std::optional<int> find(const void* pointer, std::size_t bytes, bool device) {
     const auto address = reinterpret_cast<std::uintptr_t>(pointer);
-    if (device && in_mapped_reservation(address, bytes)) return &vmm_allocation;
+    if (device) {
+        if (auto mapped = in_mapped_reservation(address, bytes)) return mapped;
+    }
     auto next = allocations.upper_bound(address);
-    if (next == allocations.begin()) return nullptr;
+    if (next == allocations.begin()) return std::nullopt;
     --next;
     const Allocation& a = next->second;
-    if ((a.device >= 0) != device) return nullptr;
-    if (address - next->first > a.bytes || bytes > a.bytes - (address - next->first)) return nullptr;
-    return &a;
+    if ((a.device >= 0) != device) return std::nullopt;
+    if (address - next->first > a.bytes || bytes > a.bytes - (address - next->first)) return std::nullopt;
+    return a.device;
 }
+
+Stream* find_stream(void* handle) {
+    const auto found = streams.find(handle);
+    return found == streams.end() ? nullptr : found->second;
+}
+
+std::shared_ptr<Event> find_event(void* handle) {
+    const auto found = events.find(handle);
+    return found == events.end() ? nullptr : found->second;
+}
+
+// A stream known, and in the current context (a stream belongs to the context it was made in).
+aclError check_stream(Stream* stream, const char* function) {
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    if (stream == nullptr) {
+        return fail(ACL_ERROR_RT_PARAM_INVALID,
+                    std::string(function) + ": unknown stream (the default stream is not modelled)");
+    }
+    if (stream->context != current) {
+        return fail(ACL_ERROR_RT_PARAM_INVALID, std::string(function) + ": the stream is not in the current context");
+    }
+    return ACL_SUCCESS;
+}
+
+void set_error(Stream& stream, aclError code, std::string message) {
+    if (stream.error != ACL_SUCCESS) return;
+    stream.error = code;
+    stream.message = std::move(message);
+}
+
+// Runs `task` of `stream`; the caller holds the mutex.
+void run(Stream& stream, Task& task) {
+    switch (task.kind) {
+        case Task::Kind::copy: {
+            if (stream.error != ACL_SUCCESS) return;
+            if (task.fails_with != ACL_SUCCESS) {
+                set_error(stream, task.fails_with, "injected asynchronous failure of aclrtMemcpyAsync");
+                return;
+            }
+            const void* device = task.to_device ? task.dst : task.src;
+            const std::optional<int> where = find(device, task.count, true);
+            if (!where || *where != stream.context->device) {
+                set_error(stream, ACL_ERROR_FAILURE,
+                          "device memory of an aclrtMemcpyAsync was freed before the copy ran");
+                return;
+            }
+            std::memcpy(task.dst, task.src, task.count);
+            return;
+        }
+        case Task::Kind::record:
+            if (task.fails_with != ACL_SUCCESS) {
+                set_error(stream, task.fails_with, "injected asynchronous failure of aclrtRecordEvent");
+            }
+            task.event->completed = std::max(task.event->completed, task.generation);
+            task.event->error = stream.error;
+            task.event->message = stream.message;
+            return;
+        case Task::Kind::wait:
+            if (task.fails_with != ACL_SUCCESS) {
+                set_error(stream, task.fails_with, "injected asynchronous failure of aclrtStreamWaitEvent");
+            }
+            if (task.event->error != ACL_SUCCESS) set_error(stream, task.event->error, task.event->message);
+            return;
+    }
+}
+
+bool runnable(const Stream& stream) {
+    if (stream.held || stream.tasks.empty()) return false;
+    const Task& next = stream.tasks.front();
+    return next.kind != Task::Kind::wait || next.event->completed >= next.generation;
+}
+
+void work(Stream* stream) {
+    std::unique_lock lock(mutex);
+    for (;;) {
+        progress.wait(lock, [&] { return stream->stopping || runnable(*stream); });
+        if (stream->stopping) return;
+        run(*stream, stream->tasks.front());
+        stream->tasks.pop_front();
+        progress.notify_all();
+    }
+}
+
+aclError enqueue(Stream& stream, Task task) {
+    stream.tasks.push_back(std::move(task));
+    progress.notify_all();
+    return ACL_SUCCESS;
+}
+
+// Stops and joins the workers of `doomed` (removed from `streams` already); their pending tasks
+// are dropped. Called without the mutex.
+void stop(const std::vector<Stream*>& doomed) {
+    {
+        std::lock_guard lock(mutex);
+        for (Stream* stream : doomed) stream->stopping = true;
+        progress.notify_all();
+    }
+    for (Stream* stream : doomed) {
+        stream->worker.join();
+        delete stream;
+    }
+}
+
+// Streams a test never destroyed stop before the shim's state goes away.
+struct Reaper {
+    Reaper() = default;
+    Reaper(const Reaper&) = delete;
+    Reaper& operator=(const Reaper&) = delete;
+    ~Reaper() {
+        std::vector<Stream*> doomed;
+        {
+            std::lock_guard lock(mutex);
+            for (auto& [handle, stream] : streams) doomed.push_back(stream);
+            streams.clear();
+        }
+        stop(doomed);
+    }
+} reaper;
 }  // namespace
 
 extern "C" {
@@ -113,6 +302,54 @@ void shim_fail(const char* function, int n, int code) {
     fail_function = function;
     fail_countdown = n;
     fail_code = code;
+}
+/// The n-th next call of `function` (aclrtMemcpyAsync, aclrtRecordEvent, aclrtStreamWaitEvent)
+/// is accepted, and its task fails with `code` when the stream runs it.
+void shim_fail_async(const char* function, int n, int code) {
+    std::lock_guard lock(mutex);
+    fail_async_function = function;
+    fail_async_countdown = n;
+    fail_async_code = code;
+}
+/// Holds (`hold` != 0) or releases a stream's worker: a held stream runs no further task.
+/// Returns -1 for an unknown stream.
+int shim_hold_stream(void* stream, int hold) {
+    std::lock_guard lock(mutex);
+    Stream* found = find_stream(stream);
+    if (found == nullptr) return -1;
+    found->held = hold != 0;
+    progress.notify_all();
+    return 0;
+}
+/// Tasks enqueued on a stream and not yet run; -1 for an unknown stream.
+long shim_pending_tasks(void* stream) {
+    std::lock_guard lock(mutex);
+    Stream* found = find_stream(stream);
+    return found == nullptr ? -1 : static_cast<long>(found->tasks.size());
+}
+/// The device a stream or an event was made on; -2 when unknown.
+int shim_stream_device(void* stream) {
+    std::lock_guard lock(mutex);
+    Stream* found = find_stream(stream);
+    return found == nullptr ? -2 : found->context->device;
+}
+int shim_event_device(void* event) {
+    std::lock_guard lock(mutex);
+    const std::shared_ptr<Event> found = find_event(event);
+    return found == nullptr ? -2 : found->context->device;
+}
+/// Live streams and events of a device.
+std::size_t shim_live_streams(int device) {
+    std::lock_guard lock(mutex);
+    std::size_t n = 0;
+    for (const auto& [handle, stream] : streams) n += stream->context->device == device;
+    return n;
+}
+std::size_t shim_live_events(int device) {
+    std::lock_guard lock(mutex);
+    std::size_t n = 0;
+    for (const auto& [handle, event] : events) n += event->context->device == device;
+    return n;
 }
 /// The device an allocation was made on; -1 for host memory, -2 when unknown.
 int shim_device_of(const void* pointer) {
@@ -184,14 +421,34 @@ aclError aclrtCreateContext(aclrtContext* context, int32_t device) {
     current = created;  // as ACL does: the new context becomes current
     return ACL_SUCCESS;
 }
+// Destroying a context destroys its streams (pending tasks dropped) and events.
 aclError aclrtDestroyContext(aclrtContext context) {
-    std::lock_guard lock(mutex);
     if (context == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "null context");
+    std::vector<Stream*> doomed;
+    {
+        std::lock_guard lock(mutex);
+        for (auto it = streams.begin(); it != streams.end();) {
+            if (it->second->context == context) {
+                doomed.push_back(it->second);
+                it = streams.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        std::erase_if(events, [&](const auto& entry) { return entry.second->context == context; });
+    }
+    stop(doomed);
+    std::lock_guard lock(mutex);
     if (current == context) current = nullptr;
     delete static_cast<Context*>(context);
     return ACL_SUCCESS;
 }
 aclError aclrtSetCurrentContext(aclrtContext context) {
+    {
+        std::lock_guard lock(mutex);
+        aclError code;
+        if (injected("aclrtSetCurrentContext", code)) return code;
+    }
     if (context == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "null context");
     current = static_cast<Context*>(context);
     return ACL_SUCCESS;
@@ -258,7 +515,7 @@ aclError aclrtMemcpy(void* dst, std::size_t dest_max, const void* src, std::size
     if (dest_max == 0 || count > dest_max) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds destMax");
     const bool to_device = kind == 1;
     if (kind != 1 && kind != 2) return fail(ACL_ERROR_INVALID_PARAM, "unsupported memcpy kind");
-    if (find(to_device ? dst : src, count, true) == nullptr) {
+    if (!find(to_device ? dst : src, count, true)) {
         return fail(ACL_ERROR_INVALID_PARAM, "device range is not inside one allocation");
     }
     std::memcpy(dst, src, count);
@@ -268,14 +525,176 @@ aclError aclrtMemset(void* pointer, std::size_t max_count, int32_t value, std::s
     std::lock_guard lock(mutex);
     if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
     if (count > max_count) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds maxCount");
-    if (find(pointer, count, true) == nullptr)
-        return fail(ACL_ERROR_INVALID_PARAM, "range is not inside one allocation");
+    if (!find(pointer, count, true)) return fail(ACL_ERROR_INVALID_PARAM, "range is not inside one allocation");
     std::memset(pointer, value, count);
     return ACL_SUCCESS;
 }
+// Waits until every stream of the current context's device drained; reports the first error
+// one of them holds.
 aclError aclrtSynchronizeDevice() {
-    return current != nullptr ? ACL_SUCCESS : fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    std::unique_lock lock(mutex);
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    const int device = current->device;
+    progress.wait(lock, [&] {
+        return std::all_of(streams.begin(), streams.end(), [&](const auto& entry) {
+            return entry.second->context->device != device || entry.second->tasks.empty();
+        });
+    });
+    for (const auto& [handle, stream] : streams) {
+        if (stream->context->device == device && stream->error != ACL_SUCCESS) {
+            return fail(stream->error, stream->message);
+        }
+    }
+    return ACL_SUCCESS;
 }
+
+// ---- streams and events ---------------------------------------------------------------------
+aclError aclrtCreateStream(aclrtStream* stream) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtCreateStream", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    if (stream == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "null stream pointer");
+    auto* created = new Stream{current, {}, false, false, ACL_SUCCESS, {}, {}};
+    created->worker = std::thread(work, created);
+    streams[created] = created;
+    *stream = created;
+    return ACL_SUCCESS;
+}
+// ACL requires the stream's tasks to be complete (aclrtSynchronizeStream) and the stream to be
+// in the current context; the shim refuses otherwise.
+aclError aclrtDestroyStream(aclrtStream handle) {
+    Stream* stream = nullptr;
+    {
+        std::lock_guard lock(mutex);
+        aclError code;
+        if (injected("aclrtDestroyStream", code)) return code;
+        stream = find_stream(handle);
+        if (aclError e = check_stream(stream, "aclrtDestroyStream"); e != ACL_SUCCESS) return e;
+        if (!stream->tasks.empty()) {
+            return fail(ACL_ERROR_RT_PARAM_INVALID,
+                        "aclrtDestroyStream: the stream has unfinished tasks (call aclrtSynchronizeStream first)");
+        }
+        streams.erase(handle);
+    }
+    stop({stream});
+    return ACL_SUCCESS;
+}
+aclError aclrtSynchronizeStream(aclrtStream handle) {
+    std::unique_lock lock(mutex);
+    aclError code;
+    if (injected("aclrtSynchronizeStream", code)) return code;
+    Stream* stream = find_stream(handle);
+    if (aclError e = check_stream(stream, "aclrtSynchronizeStream"); e != ACL_SUCCESS) return e;
+    progress.wait(lock, [&] { return stream->tasks.empty() || stream->stopping; });
+    if (stream->error != ACL_SUCCESS) return fail(stream->error, stream->message);
+    return ACL_SUCCESS;
+}
+aclError aclrtMemcpyAsync(void* dst, std::size_t dest_max, const void* src, std::size_t count, int kind,
+                          aclrtStream handle) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtMemcpyAsync", code)) return code;
+    Stream* stream = find_stream(handle);
+    if (aclError e = check_stream(stream, "aclrtMemcpyAsync"); e != ACL_SUCCESS) return e;
+    if (dest_max == 0 || count > dest_max) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds destMax");
+    if (kind != 1 && kind != 2) return fail(ACL_ERROR_INVALID_PARAM, "unsupported memcpy kind");
+    const bool to_device = kind == 1;
+    const std::optional<int> where = find(to_device ? dst : src, count, true);
+    if (!where) return fail(ACL_ERROR_INVALID_PARAM, "device range is not inside one allocation");
+    if (*where != current->device) {
+        return fail(ACL_ERROR_INVALID_PARAM, "device memory of device " + std::to_string(*where) +
+                                                 " copied on a stream of device " + std::to_string(current->device));
+    }
+    Task task(Task::Kind::copy);
+    task.dst = dst;
+    task.src = src;
+    task.count = count;
+    task.to_device = to_device;
+    task.fails_with = injected_async("aclrtMemcpyAsync");
+    return enqueue(*stream, std::move(task));
+}
+aclError aclrtCreateEvent(aclrtEvent* event) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtCreateEvent", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    if (event == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "null event pointer");
+    auto created = std::make_shared<Event>();
+    created->context = current;
+    *event = created.get();
+    events[created.get()] = std::move(created);
+    return ACL_SUCCESS;
+}
+// Allowed while a record is pending: the task keeps the event alive.
+aclError aclrtDestroyEvent(aclrtEvent handle) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtDestroyEvent", code)) return code;
+    if (events.erase(handle) == 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent: unknown event");
+    return ACL_SUCCESS;
+}
+aclError aclrtRecordEvent(aclrtEvent handle, aclrtStream stream_handle) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtRecordEvent", code)) return code;
+    Stream* stream = find_stream(stream_handle);
+    if (aclError e = check_stream(stream, "aclrtRecordEvent"); e != ACL_SUCCESS) return e;
+    std::shared_ptr<Event> event = find_event(handle);
+    if (event == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent: unknown event");
+    Task task(Task::Kind::record);
+    task.generation = ++event->recorded;
+    task.event = std::move(event);
+    task.fails_with = injected_async("aclrtRecordEvent");
+    return enqueue(*stream, std::move(task));
+}
+// As documented: NOT_READY for an event never recorded, one not reached yet, or one whose
+// stream failed before it.
+aclError aclrtQueryEventStatus(aclrtEvent handle, int* status) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtQueryEventStatus", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    const std::shared_ptr<Event> event = find_event(handle);
+    if (event == nullptr || status == nullptr)
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus: unknown event");
+    const bool complete = event->recorded > 0 && event->completed >= event->recorded && event->error == ACL_SUCCESS;
+    *status = complete ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    return ACL_SUCCESS;
+}
+// An event never recorded is refused rather than waited on forever.
+aclError aclrtSynchronizeEvent(aclrtEvent handle) {
+    std::unique_lock lock(mutex);
+    aclError code;
+    if (injected("aclrtSynchronizeEvent", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    const std::shared_ptr<Event> event = find_event(handle);
+    if (event == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent: unknown event");
+    if (event->recorded == 0)
+        return fail(ACL_ERROR_RT_PARAM_INVALID, "aclrtSynchronizeEvent: the event was never recorded");
+    const std::uint64_t target = event->recorded;
+    progress.wait(lock, [&] { return event->completed >= target; });
+    if (event->error != ACL_SUCCESS) return fail(event->error, event->message);
+    return ACL_SUCCESS;
+}
+// Waits for the event's last record at the time of the call; an event never recorded is refused.
+aclError aclrtStreamWaitEvent(aclrtStream stream_handle, aclrtEvent handle) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtStreamWaitEvent", code)) return code;
+    Stream* stream = find_stream(stream_handle);
+    if (aclError e = check_stream(stream, "aclrtStreamWaitEvent"); e != ACL_SUCCESS) return e;
+    std::shared_ptr<Event> event = find_event(handle);
+    if (event == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent: unknown event");
+    if (event->recorded == 0)
+        return fail(ACL_ERROR_RT_PARAM_INVALID, "aclrtStreamWaitEvent: the event was never recorded");
+    Task task(Task::Kind::wait);
+    task.generation = event->recorded;
+    task.event = std::move(event);
+    task.fails_with = injected_async("aclrtStreamWaitEvent");
+    return enqueue(*stream, std::move(task));
+}
+
 #ifndef DEVSTAGE_SHIM_NO_VMM
 struct aclrtPhysicalMemProp {
     int handleType;

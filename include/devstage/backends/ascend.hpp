@@ -4,11 +4,13 @@
 /// AscendBackend: Huawei Ascend NPUs through the CANN ACL runtime, loaded at run time with
 /// dlopen — no CANN header or library is needed to compile. Bound to one device: it makes its
 /// own context current before every call, so the calling thread's current device never
-/// decides where memory goes.
+/// decides where memory goes. Streams and events are ACL's, made in that context.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/detail/dynamic_library.hpp"
 #include "devstage/detail/message.hpp"
+#include "devstage/detail/runtime_call.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -25,6 +28,8 @@ namespace devstage {
 namespace acl {
 using aclError = int;
 using aclrtContext = void*;
+using aclrtStream = void*;
+using aclrtEvent = void*;
 inline constexpr aclError success = 0;
 inline constexpr aclError repeat_initialize = 100002;
 inline constexpr aclError bad_alloc = 200000;
@@ -34,6 +39,8 @@ inline constexpr int memcpy_host_to_device = 1;
 inline constexpr int memcpy_device_to_host = 2;
 inline constexpr aclError rt_feature_not_support = 207000;
 inline constexpr aclError api_not_support = 200001;
+inline constexpr int event_recorded_status_not_ready = 0;
+inline constexpr int event_recorded_status_complete = 1;
 
 using aclrtDrvMemHandle = void*;
 /// aclrtPhysicalMemProp, laid out as in acl_rt.h (32 bytes on x86-64).
@@ -49,6 +56,15 @@ static_assert(sizeof(PhysicalMemProp) == 32);
 inline constexpr int granularity_minimum = 0;
 }  // namespace acl
 
+namespace detail {
+/// An ACL event and whether a record of it was ever enqueued: ACL reports an event never
+/// recorded as not ready, where devstage's contract says it is ready.
+struct AclEvent {
+    acl::aclrtEvent handle = nullptr;
+    std::atomic<bool> recorded{false};
+};
+}  // namespace detail
+
 /// One Ascend device through libascendcl. `auto npu = AscendBackend::create(0); if (!npu) …`
 /// Move-only. Thread-safe as ACL is: every call first makes this backend's context current
 /// on the calling thread.
@@ -56,6 +72,20 @@ class AscendBackend {
 public:
     /// aclrtMalloc guarantees 64 bytes; the strategies align their own slices to 1024.
     static constexpr std::size_t device_alignment = 64;
+
+    /// An ACL stream (aclrtStream), made in this backend's context; the caller destroys it.
+    struct Stream {
+        acl::aclrtStream handle = nullptr;
+        friend bool operator==(Stream, Stream) = default;
+    };
+    /// An ACL event made by create_event (which allocates its small bookkeeping; destroy_event
+    /// frees it). `handle()` is the aclrtEvent.
+    struct Event {
+        detail::AclEvent* state = nullptr;
+        acl::aclrtEvent handle() const noexcept { return state != nullptr ? state->handle : nullptr; }
+        friend bool operator==(Event, Event) = default;
+    };
+    using PhysicalHandle = acl::aclrtDrvMemHandle;
 
     /// Loads ACL (`library_path`, else $DEVSTAGE_ACL_LIBRARY, else libascendcl.so then
     /// libascendcl.so.1), initializes it, opens `device_id` and creates this backend's context.
@@ -68,13 +98,15 @@ public:
         backend.device_ = device_id;
         if (Status resolved = backend.resolve(); !resolved) return resolved;
         const acl::aclError init = backend.api_.init(nullptr);
-        if (init != acl::success && init != acl::repeat_initialize) return backend.failure("aclInit", init, 0);
-        if (const acl::aclError e = backend.api_.set_device(device_id); e != acl::success) {
-            return backend.failure("aclrtSetDevice", e, 0);
+        if (init != acl::success && init != acl::repeat_initialize) {
+            return detail::call_failure(backend.errors_, backend.site(), "aclInit", init, 0);
         }
+        if (Status s = backend.unbound_call("aclrtSetDevice", backend.api_.set_device, 0, device_id); !s) return s;
         backend.device_open_ = true;
-        if (const acl::aclError e = backend.api_.create_context(&backend.context_, device_id); e != acl::success) {
-            return backend.failure("aclrtCreateContext", e, 0);
+        if (Status s = backend.unbound_call("aclrtCreateContext", backend.api_.create_context, 0, &backend.context_,
+                                            device_id);
+            !s) {
+            return s;
         }
         backend.probe_vmm();
         return backend;
@@ -83,6 +115,7 @@ public:
     AscendBackend(AscendBackend&& other) noexcept
         : library_(std::move(other.library_)),
           api_(other.api_),
+          errors_(other.errors_),
           device_(other.device_),
           context_(std::exchange(other.context_, nullptr)),
           device_open_(std::exchange(other.device_open_, false)),
@@ -91,8 +124,8 @@ public:
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
     AscendBackend& operator=(const AscendBackend&) = delete;
-    /// Destroys the context and releases the device (aclFinalize is left to the process:
-    /// other backends may still use ACL).
+    /// Destroys the context (and with it any stream still in it) and releases the device
+    /// (aclFinalize is left to the process: other backends may still use ACL).
     ~AscendBackend() {
         if (context_ != nullptr) (void)api_.destroy_context(context_);
         if (device_open_) (void)api_.reset_device(device_);
@@ -103,10 +136,9 @@ public:
     const std::string& library_path() const noexcept { return library_.path(); }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept {
-        if (Status bound = bind(); !bound) return bound;
         void* pointer = nullptr;
-        if (const acl::aclError e = api_.malloc(&pointer, bytes, acl::mem_malloc_huge_first); e != acl::success) {
-            return failure("aclrtMalloc", e, bytes);
+        if (Status s = call("aclrtMalloc", api_.malloc, bytes, &pointer, bytes, acl::mem_malloc_huge_first); !s) {
+            return s;
         }
         return pointer;
     }
@@ -129,19 +161,99 @@ public:
     Status synchronize() noexcept { return call("aclrtSynchronizeDevice", api_.synchronize_device, 0); }
 
     Result<void*> pinned_malloc(std::size_t bytes) noexcept {
-        if (Status bound = bind(); !bound) return bound;
         void* pointer = nullptr;
-        if (const acl::aclError e = api_.malloc_host(&pointer, bytes); e != acl::success) {
-            return failure("aclrtMallocHost", e, bytes);
-        }
+        if (Status s = call("aclrtMallocHost", api_.malloc_host, bytes, &pointer, bytes); !s) return s;
         return pointer;
     }
     Status pinned_free(void* pointer) noexcept { return call("aclrtFreeHost", api_.free_host, 0, pointer); }
 
+    // ---- streams and events ----------------------------------------------------------------
+    // A task that fails on the device is reported by the next call that waits for it
+    // (synchronize_event, destroy_stream); event_ready keeps answering false for an event
+    // behind a failed task, as aclrtQueryEventStatus does.
+
+    /// aclrtCreateStream, in this backend's context.
+    Result<Stream> create_stream() noexcept {
+        Stream stream;
+        if (Status s = call("aclrtCreateStream", api_.create_stream, 0, &stream.handle); !s) return s;
+        return stream;
+    }
+    /// aclrtSynchronizeStream, then aclrtDestroyStream (ACL requires the stream's work to be
+    /// complete first): the host blocks until the stream drained. The stream is destroyed even
+    /// when its work failed; the first error is returned.
+    Status destroy_stream(Stream stream) noexcept {
+        Status drained = call("aclrtSynchronizeStream", api_.synchronize_stream, 0, stream.handle);
+        Status destroyed = call("aclrtDestroyStream", api_.destroy_stream, 0, stream.handle);
+        return !drained.ok() ? drained : destroyed;
+    }
+    /// aclrtMemcpyAsync(dst, n, src, n, HOST_TO_DEVICE, stream); zero bytes are not sent.
+    Status copy_to_device_async(void* device_dst, const void* host_src, std::size_t bytes, Stream stream) noexcept {
+        if (bytes == 0) return {};
+        return call("aclrtMemcpyAsync(host to device)", api_.memcpy_async, bytes, device_dst, bytes, host_src, bytes,
+                    acl::memcpy_host_to_device, stream.handle);
+    }
+    /// aclrtMemcpyAsync(dst, n, src, n, DEVICE_TO_HOST, stream); zero bytes are not sent.
+    Status copy_from_device_async(void* host_dst, const void* device_src, std::size_t bytes, Stream stream) noexcept {
+        if (bytes == 0) return {};
+        return call("aclrtMemcpyAsync(device to host)", api_.memcpy_async, bytes, host_dst, bytes, device_src, bytes,
+                    acl::memcpy_device_to_host, stream.handle);
+    }
+    /// aclrtCreateEvent, in this backend's context.
+    Result<Event> create_event() noexcept {
+        auto* state = new (std::nothrow) detail::AclEvent;
+        if (state == nullptr) {
+            return Status(Errc::out_of_memory, detail::message("ascend create_event: no host memory on device ",
+                                                               device_, " for ", sizeof(detail::AclEvent), " bytes"));
+        }
+        if (Status s = call("aclrtCreateEvent", api_.create_event, 0, &state->handle); !s) {
+            delete state;
+            return s;
+        }
+        return Event{state};
+    }
+    /// aclrtDestroyEvent (allowed while a record is pending); then `event` is gone.
+    Status destroy_event(Event event) noexcept {
+        if (Status s = check(event, "aclrtDestroyEvent"); !s) return s;
+        if (Status s = call("aclrtDestroyEvent", api_.destroy_event, 0, event.state->handle); !s) return s;
+        delete event.state;
+        return {};
+    }
+    /// aclrtRecordEvent(event, stream).
+    Status record_event(Event event, Stream stream) noexcept {
+        if (Status s = check(event, "aclrtRecordEvent"); !s) return s;
+        if (Status s = call("aclrtRecordEvent", api_.record_event, 0, event.state->handle, stream.handle); !s) return s;
+        event.state->recorded.store(true, std::memory_order_release);
+        return {};
+    }
+    /// aclrtQueryEventStatus: true when ACL_EVENT_RECORDED_STATUS_COMPLETE, and for an event
+    /// never recorded (not sent to ACL, which would say not ready).
+    Result<bool> event_ready(Event event) noexcept {
+        if (Status s = check(event, "aclrtQueryEventStatus"); !s) return s;
+        if (!event.state->recorded.load(std::memory_order_acquire)) return true;
+        int status = acl::event_recorded_status_not_ready;
+        if (Status s = call("aclrtQueryEventStatus", api_.query_event_status, 0, event.state->handle, &status); !s) {
+            return s;
+        }
+        return status == acl::event_recorded_status_complete;
+    }
+    /// aclrtSynchronizeEvent: the host blocks until the event completed; an event never
+    /// recorded returns at once.
+    Status synchronize_event(Event event) noexcept {
+        if (Status s = check(event, "aclrtSynchronizeEvent"); !s) return s;
+        if (!event.state->recorded.load(std::memory_order_acquire)) return {};
+        return call("aclrtSynchronizeEvent", api_.synchronize_event, 0, event.state->handle);
+    }
+    /// aclrtStreamWaitEvent(stream, event): later work on `stream` waits for the event's last
+    /// record; an event never recorded makes no wait.
+    Status stream_wait_event(Stream stream, Event event) noexcept {
+        if (Status s = check(event, "aclrtStreamWaitEvent"); !s) return s;
+        if (!event.state->recorded.load(std::memory_order_acquire)) return {};
+        return call("aclrtStreamWaitEvent", api_.stream_wait_event, 0, stream.handle, event.state->handle);
+    }
+
     // ---- virtual memory (in-place growth) --------------------------------------------------
     // aclrtReserveMemAddress / aclrtMallocPhysical / aclrtMapMem and their inverses. When the
     // loaded ACL lacks them, vmm_granularity() is 0 and every vmm_ call is not_supported.
-    using PhysicalHandle = acl::aclrtDrvMemHandle;
 
     /// The minimum granularity of physical chunks on this device; 0 when unsupported.
     std::size_t vmm_granularity() const noexcept { return granularity_; }
@@ -185,47 +297,6 @@ public:
     }
 
 private:
-    struct VmmApi {
-        acl::aclError (*reserve)(void**, std::size_t, std::size_t, void*, std::uint64_t) = nullptr;
-        acl::aclError (*release)(void*) = nullptr;
-        acl::aclError (*malloc_physical)(acl::aclrtDrvMemHandle*, std::size_t, const acl::PhysicalMemProp*,
-                                         std::uint64_t) = nullptr;
-        acl::aclError (*free_physical)(acl::aclrtDrvMemHandle) = nullptr;
-        acl::aclError (*map)(void*, std::size_t, std::size_t, acl::aclrtDrvMemHandle, std::uint64_t) = nullptr;
-        acl::aclError (*unmap)(void*) = nullptr;
-        acl::aclError (*granularity)(const acl::PhysicalMemProp*, int, std::size_t*) = nullptr;
-    };
-
-    acl::PhysicalMemProp device_prop() const noexcept {
-        acl::PhysicalMemProp prop;
-        prop.location_id = static_cast<std::uint32_t>(device_);
-        return prop;
-    }
-
-    // Resolves the virtual-memory entry points if the library has them all.
-    void probe_vmm() noexcept {
-        VmmApi vmm;
-        const bool all = library_.resolve("aclrtReserveMemAddress", vmm.reserve).ok() &&
-                         library_.resolve("aclrtReleaseMemAddress", vmm.release).ok() &&
-                         library_.resolve("aclrtMallocPhysical", vmm.malloc_physical).ok() &&
-                         library_.resolve("aclrtFreePhysical", vmm.free_physical).ok() &&
-                         library_.resolve("aclrtMapMem", vmm.map).ok() &&
-                         library_.resolve("aclrtUnmapMem", vmm.unmap).ok() &&
-                         library_.resolve("aclrtMemGetAllocationGranularity", vmm.granularity).ok();
-        if (!all) return;
-        std::size_t granularity = 0;
-        const acl::PhysicalMemProp prop = device_prop();
-        if (!bind().ok() || vmm.granularity(&prop, acl::granularity_minimum, &granularity) != acl::success) return;
-        vmm_ = vmm;
-        granularity_ = granularity;
-    }
-
-    Status vmm_ready() const noexcept {
-        if (granularity_ != 0) return {};
-        return Status(Errc::not_supported, detail::message("ascend: virtual memory is not available in ",
-                                                           library_.path(), " for device ", device_));
-    }
-
     struct Api {
         acl::aclError (*init)(const char*) = nullptr;
         acl::aclError (*set_device)(std::int32_t) = nullptr;
@@ -240,62 +311,126 @@ private:
         acl::aclError (*memcpy)(void*, std::size_t, const void*, std::size_t, int) = nullptr;
         acl::aclError (*memset)(void*, std::size_t, std::int32_t, std::size_t) = nullptr;
         acl::aclError (*synchronize_device)() = nullptr;
+        acl::aclError (*create_stream)(acl::aclrtStream*) = nullptr;
+        acl::aclError (*destroy_stream)(acl::aclrtStream) = nullptr;
+        acl::aclError (*synchronize_stream)(acl::aclrtStream) = nullptr;
+        acl::aclError (*memcpy_async)(void*, std::size_t, const void*, std::size_t, int, acl::aclrtStream) = nullptr;
+        acl::aclError (*create_event)(acl::aclrtEvent*) = nullptr;
+        acl::aclError (*destroy_event)(acl::aclrtEvent) = nullptr;
+        acl::aclError (*record_event)(acl::aclrtEvent, acl::aclrtStream) = nullptr;
+        acl::aclError (*query_event_status)(acl::aclrtEvent, int*) = nullptr;
+        acl::aclError (*synchronize_event)(acl::aclrtEvent) = nullptr;
+        acl::aclError (*stream_wait_event)(acl::aclrtStream, acl::aclrtEvent) = nullptr;
+    };
+
+    struct VmmApi {
+        acl::aclError (*reserve)(void**, std::size_t, std::size_t, void*, std::uint64_t) = nullptr;
+        acl::aclError (*release)(void*) = nullptr;
+        acl::aclError (*malloc_physical)(acl::aclrtDrvMemHandle*, std::size_t, const acl::PhysicalMemProp*,
+                                         std::uint64_t) = nullptr;
+        acl::aclError (*free_physical)(acl::aclrtDrvMemHandle) = nullptr;
+        acl::aclError (*map)(void*, std::size_t, std::size_t, acl::aclrtDrvMemHandle, std::uint64_t) = nullptr;
+        acl::aclError (*unmap)(void*) = nullptr;
+        acl::aclError (*granularity)(const acl::PhysicalMemProp*, int, std::size_t*) = nullptr;
+    };
+
+    // How ACL calls fail: an aclError, and the thread's aclGetRecentErrMsg (read and cleared).
+    struct AclErrors {
+        using Code = acl::aclError;
+        static constexpr Code success = acl::success;
+        static constexpr std::string_view code_name = "ACL error";
         const char* (*recent_error_message)() = nullptr;
+
+        Errc errc(Code code) const noexcept {
+            return code == acl::rt_memory_allocation || code == acl::bad_alloc ? Errc::out_of_memory
+                                                                               : Errc::backend_failure;
+        }
+        const char* text(Code /*code*/) const noexcept {
+            return recent_error_message != nullptr ? recent_error_message() : nullptr;
+        }
     };
 
     AscendBackend() = default;
 
     Status resolve() noexcept {
-        const std::pair<const char*, Status> steps[] = {
-            {"aclInit", library_.resolve("aclInit", api_.init)},
-            {"aclrtSetDevice", library_.resolve("aclrtSetDevice", api_.set_device)},
-            {"aclrtResetDevice", library_.resolve("aclrtResetDevice", api_.reset_device)},
-            {"aclrtCreateContext", library_.resolve("aclrtCreateContext", api_.create_context)},
-            {"aclrtDestroyContext", library_.resolve("aclrtDestroyContext", api_.destroy_context)},
-            {"aclrtSetCurrentContext", library_.resolve("aclrtSetCurrentContext", api_.set_current_context)},
-            {"aclrtMalloc", library_.resolve("aclrtMalloc", api_.malloc)},
-            {"aclrtFree", library_.resolve("aclrtFree", api_.free)},
-            {"aclrtMallocHost", library_.resolve("aclrtMallocHost", api_.malloc_host)},
-            {"aclrtFreeHost", library_.resolve("aclrtFreeHost", api_.free_host)},
-            {"aclrtMemcpy", library_.resolve("aclrtMemcpy", api_.memcpy)},
-            {"aclrtMemset", library_.resolve("aclrtMemset", api_.memset)},
-            {"aclrtSynchronizeDevice", library_.resolve("aclrtSynchronizeDevice", api_.synchronize_device)},
-            {"aclGetRecentErrMsg", library_.resolve("aclGetRecentErrMsg", api_.recent_error_message)},
-        };
-        for (const auto& [symbol, status] : steps) {
-            if (!status) return Status(Errc::library_not_found, detail::message("ascend: ", status.message()));
-        }
-        return {};
+        using detail::entry_point;
+        return detail::resolve_entry_points(
+            library_, "ascend", entry_point("aclInit", api_.init), entry_point("aclrtSetDevice", api_.set_device),
+            entry_point("aclrtResetDevice", api_.reset_device), entry_point("aclrtCreateContext", api_.create_context),
+            entry_point("aclrtDestroyContext", api_.destroy_context),
+            entry_point("aclrtSetCurrentContext", api_.set_current_context), entry_point("aclrtMalloc", api_.malloc),
+            entry_point("aclrtFree", api_.free), entry_point("aclrtMallocHost", api_.malloc_host),
+            entry_point("aclrtFreeHost", api_.free_host), entry_point("aclrtMemcpy", api_.memcpy),
+            entry_point("aclrtMemset", api_.memset), entry_point("aclrtSynchronizeDevice", api_.synchronize_device),
+            entry_point("aclGetRecentErrMsg", errors_.recent_error_message),
+            entry_point("aclrtCreateStream", api_.create_stream),
+            entry_point("aclrtDestroyStream", api_.destroy_stream),
+            entry_point("aclrtSynchronizeStream", api_.synchronize_stream),
+            entry_point("aclrtMemcpyAsync", api_.memcpy_async), entry_point("aclrtCreateEvent", api_.create_event),
+            entry_point("aclrtDestroyEvent", api_.destroy_event), entry_point("aclrtRecordEvent", api_.record_event),
+            entry_point("aclrtQueryEventStatus", api_.query_event_status),
+            entry_point("aclrtSynchronizeEvent", api_.synchronize_event),
+            entry_point("aclrtStreamWaitEvent", api_.stream_wait_event));
     }
 
-    // Makes this backend's context current on the calling thread.
-    Status bind() noexcept {
-        if (const acl::aclError e = api_.set_current_context(context_); e != acl::success) {
-            return failure("aclrtSetCurrentContext", e, 0);
-        }
-        return {};
+    acl::PhysicalMemProp device_prop() const noexcept {
+        acl::PhysicalMemProp prop;
+        prop.location_id = static_cast<std::uint32_t>(device_);
+        return prop;
     }
+
+    // Resolves the virtual-memory entry points if the library has them all.
+    void probe_vmm() noexcept {
+        using detail::entry_point;
+        VmmApi vmm;
+        const Status all = detail::resolve_entry_points(
+            library_, "ascend", entry_point("aclrtReserveMemAddress", vmm.reserve),
+            entry_point("aclrtReleaseMemAddress", vmm.release), entry_point("aclrtMallocPhysical", vmm.malloc_physical),
+            entry_point("aclrtFreePhysical", vmm.free_physical), entry_point("aclrtMapMem", vmm.map),
+            entry_point("aclrtUnmapMem", vmm.unmap), entry_point("aclrtMemGetAllocationGranularity", vmm.granularity));
+        if (!all) return;
+        std::size_t granularity = 0;
+        const acl::PhysicalMemProp prop = device_prop();
+        if (!call("aclrtMemGetAllocationGranularity", vmm.granularity, 0, &prop, acl::granularity_minimum, &granularity)
+                 .ok()) {
+            return;
+        }
+        vmm_ = vmm;
+        granularity_ = granularity;
+    }
+
+    Status vmm_ready() const noexcept {
+        if (granularity_ != 0) return {};
+        return Status(Errc::not_supported, detail::message("ascend: virtual memory is not available in ",
+                                                           library_.path(), " for device ", device_));
+    }
+
+    // An Event must come from create_event.
+    Status check(Event event, const char* what) const noexcept {
+        if (event.state != nullptr) return {};
+        return Status(Errc::invalid_argument, detail::message("ascend ", what, " on device ", device_,
+                                                              ": the event was not made by create_event"));
+    }
+
+    detail::CallSite site() const noexcept { return {name(), device_}; }
 
     template <class F, class... Args>
-    Status call(const char* what, F* function, std::size_t bytes, Args... args) noexcept {
-        if (Status bound = bind(); !bound) return bound;
-        if (const acl::aclError e = function(args...); e != acl::success) return failure(what, e, bytes);
-        return {};
+    Status unbound_call(const char* what, F* function, std::size_t bytes, Args... args) noexcept {
+        return detail::checked_call(errors_, site(), what, bytes, function, args...);
     }
 
-    Status failure(const char* what, acl::aclError code, std::size_t bytes) const noexcept {
-        const char* recent = api_.recent_error_message != nullptr ? api_.recent_error_message() : nullptr;
-        const Errc errc =
-            code == acl::rt_memory_allocation || code == acl::bad_alloc ? Errc::out_of_memory : Errc::backend_failure;
-        return Status(
-            errc, detail::message("ascend ", what, " failed", bytes > 0 ? " for " : "",
-                                  bytes > 0 ? detail::message(bytes, " bytes") : std::string(), " on device ", device_,
-                                  ": ACL error ", code, recent != nullptr && *recent != '\0' ? " (" : "",
-                                  recent != nullptr ? recent : "", recent != nullptr && *recent != '\0' ? ")" : ""));
+    // Makes this backend's context current on the calling thread, then calls.
+    template <class F, class... Args>
+    Status call(const char* what, F* function, std::size_t bytes, Args... args) noexcept {
+        if (Status bound = unbound_call("aclrtSetCurrentContext", api_.set_current_context, 0, context_); !bound) {
+            return bound;
+        }
+        return unbound_call(what, function, bytes, args...);
     }
 
     detail::DynamicLibrary library_;
     Api api_;
+    AclErrors errors_;
     std::int32_t device_ = 0;
     acl::aclrtContext context_ = nullptr;
     bool device_open_ = false;
@@ -307,6 +442,7 @@ static_assert(Backend<AscendBackend>);
 static_assert(PinnedHostBackend<AscendBackend>);
 static_assert(MemsetBackend<AscendBackend>);
 static_assert(SynchronizingBackend<AscendBackend>);
+static_assert(AsyncBackend<AscendBackend>);
 static_assert(VirtualMemoryBackend<AscendBackend>);
 
 }  // namespace devstage

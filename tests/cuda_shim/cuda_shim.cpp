@@ -1,0 +1,641 @@
+// SPDX-License-Identifier: Apache-2.0
+// A test stand-in for libcudart (and, in the same library, the libcuda virtual-memory entry
+// points): the C ABI subset CudaBackend uses, with the prototypes, values and error codes of
+// cuda_runtime_api.h, driver_types.h and cuda.h, over host memory. Loaded as both the runtime
+// and the driver, so device memory mapped through the driver is seen by the runtime's copies.
+//
+// It models two devices with a per-thread current device; allocations tagged with their
+// device and a per-device capacity; the primary context made current on a thread by
+// cudaSetDevice or by a runtime call that needs it (driver calls without one fail with
+// CUDA_ERROR_INVALID_CONTEXT); streams and events tagged with their device and creation flags
+// (a record on another device's stream is refused); virtual memory with reservations,
+// physical chunks and mappings that are accessible only after cuMemSetAccess.
+// Streams are immediate: enqueued work runs inside the call. cudaEventQuery answers
+// cudaErrorNotReady as often as a test asks. Test control: the cuda_shim_* functions.
+//
+// Built with CUDA_SHIM_NO_EVENT_QUERY it lacks cudaEventQuery; with CUDA_SHIM_NO_DRIVER it
+// lacks every driver entry point.
+#include <sys/mman.h>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+
+using cudaError_t = int;
+using cudaStream_t = void*;
+using cudaEvent_t = void*;
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUmemGenericAllocationHandle = unsigned long long;
+
+namespace {
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidValue = 1;
+constexpr cudaError_t cudaErrorMemoryAllocation = 2;
+constexpr cudaError_t cudaErrorInvalidMemcpyDirection = 21;
+constexpr cudaError_t cudaErrorInvalidDevice = 101;
+constexpr cudaError_t cudaErrorInvalidResourceHandle = 400;
+constexpr cudaError_t cudaErrorNotReady = 600;
+[[maybe_unused]] constexpr CUresult CUDA_SUCCESS = 0;
+[[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+[[maybe_unused]] constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
+[[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
+[[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
+constexpr int device_count = 2;
+[[maybe_unused]] constexpr std::size_t granularity = std::size_t{2} << 20;
+
+struct Allocation {
+    std::size_t bytes;
+    int device;  // -1: host (cudaHostAlloc)
+};
+struct Stream {
+    int device;
+    unsigned flags;
+};
+struct Event {
+    int device;
+    unsigned flags;
+    bool recorded = false;
+};
+struct Physical {
+    std::size_t bytes;
+    int device;
+    int mappings = 0;
+    bool released = false;  // cuMemRelease while mapped: freed at the last unmap
+};
+struct Mapping {
+    std::size_t bytes;
+    CUmemGenericAllocationHandle handle;
+    bool accessible = false;
+};
+
+// CUmemLocation, CUmemAllocationProp, CUmemAccessDesc as in cuda.h.
+struct MemLocation {
+    int type;
+    int id;
+};
+struct MemAllocationProp {
+    int type;
+    int requestedHandleTypes;
+    MemLocation location;
+    void* win32HandleMetaData;
+    unsigned char allocFlags[8];
+};
+struct MemAccessDesc {
+    MemLocation location;
+    int flags;
+};
+static_assert(sizeof(MemAllocationProp) == 32 && sizeof(MemAccessDesc) == 12);
+
+std::mutex mutex;
+std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34};
+std::size_t used[device_count] = {};
+std::map<std::uintptr_t, Allocation> allocations;
+std::map<void*, Stream*> streams;
+std::map<void*, Event*> events;
+std::map<std::uintptr_t, std::size_t> reservations;
+std::map<std::uintptr_t, Mapping> mappings;
+std::map<CUmemGenericAllocationHandle, Physical> physicals;
+[[maybe_unused]] CUmemGenericAllocationHandle next_handle = 0;
+int vmm_supported = 1;
+int not_ready_answers = 0;
+unsigned last_wait_flags = ~0U;
+std::string fail_function;
+int fail_countdown = 0;
+int fail_code = 0;
+thread_local int current_device = 0;
+thread_local bool context_current = false;
+
+// What a test left allocated goes when the library does, as a process's contexts are torn
+// down at exit.
+struct Teardown {
+    Teardown() = default;
+    Teardown(const Teardown&) = delete;
+    Teardown& operator=(const Teardown&) = delete;
+    ~Teardown() {
+        for (const auto& [address, allocation] : allocations) std::free(reinterpret_cast<void*>(address));
+        for (const auto& [handle, stream] : streams) delete stream;
+        for (const auto& [handle, event] : events) delete event;
+    }
+} teardown;
+
+bool injected(const char* function, int& code) {
+    if (fail_function != function || fail_countdown <= 0) return false;
+    if (--fail_countdown > 0) return false;
+    fail_function.clear();
+    code = fail_code;
+    return true;
+}
+
+// A runtime call that needs a context makes the current device's primary context current.
+void touch() {
+    context_current = true;
+}
+
+// True when [address, address + bytes) lies in mapped chunks that all grant access.
+bool in_accessible_mappings(std::uintptr_t address, std::size_t bytes) {
+    auto it = mappings.upper_bound(address);
+    if (it == mappings.begin()) return false;
+    --it;
+    std::uintptr_t at = address;
+    const std::uintptr_t end = address + bytes;
+    while (it != mappings.end() && it->first <= at && at < it->first + it->second.bytes) {
+        if (!it->second.accessible) return false;
+        at = it->first + it->second.bytes;
+        if (at >= end) return true;
+        ++it;
+    }
+    return false;
+}
+
+// Whether [pointer, pointer + bytes) lies inside one allocation of the wanted kind (device
+// memory: a cudaMalloc allocation or accessible mapped chunks).
+bool inside(const void* pointer, std::size_t bytes, bool device) {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    if (device && in_accessible_mappings(address, bytes)) return true;
+    auto next = allocations.upper_bound(address);
+    if (next == allocations.begin()) return false;
+    --next;
+    const Allocation& a = next->second;
+    if ((a.device >= 0) != device) return false;
+    return address - next->first <= a.bytes && bytes <= a.bytes - (address - next->first);
+}
+
+cudaError_t copy(void* dst, const void* src, std::size_t count, int kind) {
+    if (kind != 1 && kind != 2) return cudaErrorInvalidMemcpyDirection;
+    if (!inside(kind == 1 ? dst : src, count, true)) return cudaErrorInvalidValue;
+    std::memcpy(dst, src, count);
+    return cudaSuccess;
+}
+
+// True when [pointer, pointer + size) is exactly a run of whole, adjacent mappings.
+[[maybe_unused]] bool whole_mappings(std::uintptr_t pointer, std::size_t size) {
+    const std::uintptr_t end = pointer + size;
+    std::uintptr_t at = pointer;
+    for (auto it = mappings.find(pointer); at < end; ++it) {
+        if (it == mappings.end() || it->first != at || at + it->second.bytes > end) return false;
+        at += it->second.bytes;
+    }
+    return size > 0;
+}
+
+[[maybe_unused]] bool valid_prop(const MemAllocationProp* prop) {
+    return prop != nullptr && prop->type == 1 && prop->requestedHandleTypes == 0 && prop->location.type == 1 &&
+           prop->location.id >= 0 && prop->location.id < device_count && prop->win32HandleMetaData == nullptr;
+}
+}  // namespace
+
+extern "C" {
+
+// ---- test control ---------------------------------------------------------------------------
+void cuda_shim_set_capacity(int device, std::size_t bytes) {
+    std::lock_guard lock(mutex);
+    capacity[device] = bytes;
+}
+/// The n-th next call of `function` fails with `code`.
+void cuda_shim_fail(const char* function, int n, int code) {
+    std::lock_guard lock(mutex);
+    fail_function = function;
+    fail_countdown = n;
+    fail_code = code;
+}
+/// The next `n` cudaEventQuery calls of recorded events answer cudaErrorNotReady.
+void cuda_shim_event_not_ready(int n) {
+    std::lock_guard lock(mutex);
+    not_ready_answers = n;
+}
+/// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED of every device.
+void cuda_shim_set_vmm_supported(int supported) {
+    std::lock_guard lock(mutex);
+    vmm_supported = supported;
+}
+/// The device an allocation was made on; -1 for host memory, -2 when unknown.
+int cuda_shim_device_of(const void* pointer) {
+    std::lock_guard lock(mutex);
+    const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+    return found == allocations.end() ? -2 : found->second.device;
+}
+/// The device and creation flags of a stream or an event; -1 when unknown.
+int cuda_shim_stream_info(void* stream, unsigned* flags) {
+    std::lock_guard lock(mutex);
+    const auto found = streams.find(stream);
+    if (found == streams.end()) return -1;
+    *flags = found->second->flags;
+    return found->second->device;
+}
+int cuda_shim_event_info(void* event, unsigned* flags) {
+    std::lock_guard lock(mutex);
+    const auto found = events.find(event);
+    if (found == events.end()) return -1;
+    *flags = found->second->flags;
+    return found->second->device;
+}
+/// The flags of the last cudaStreamWaitEvent.
+unsigned cuda_shim_last_wait_flags() {
+    std::lock_guard lock(mutex);
+    return last_wait_flags;
+}
+/// Live objects: 0 streams, 1 events, 2 reservations, 3 mappings, 4 physical chunks.
+std::size_t cuda_shim_live(int kind) {
+    std::lock_guard lock(mutex);
+    switch (kind) {
+        case 0:
+            return streams.size();
+        case 1:
+            return events.size();
+        case 2:
+            return reservations.size();
+        case 3:
+            return mappings.size();
+        default:
+            return physicals.size();
+    }
+}
+
+// ---- the runtime subset ---------------------------------------------------------------------
+cudaError_t cudaGetDeviceCount(int* count) {
+    *count = device_count;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+    *device = current_device;
+    return cudaSuccess;
+}
+// As since CUDA 12: makes the device's primary context current, even if it already was.
+cudaError_t cudaSetDevice(int device) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaSetDevice", code)) return code;
+    if (device < 0 || device >= device_count) return cudaErrorInvalidDevice;
+    current_device = device;
+    touch();
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** pointer, std::size_t size) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaMalloc", code)) return code;
+    touch();
+    if (size == 0) {
+        *pointer = nullptr;
+        return cudaSuccess;
+    }
+    const int device = current_device;
+    if (size > capacity[device] - used[device]) return cudaErrorMemoryAllocation;
+    void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
+    if (memory == nullptr) return cudaErrorMemoryAllocation;
+    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, device};
+    used[device] += size;
+    *pointer = memory;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void* pointer) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaFree", code)) return code;
+    touch();
+    if (pointer == nullptr) return cudaSuccess;
+    const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+    if (found == allocations.end() || found->second.device < 0) return cudaErrorInvalidValue;
+    used[found->second.device] -= found->second.bytes;
+    allocations.erase(found);
+    std::free(pointer);
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaHostAlloc", code)) return code;
+    touch();
+    if (flags > 0xF) return cudaErrorInvalidValue;
+    void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
+    if (memory == nullptr) return cudaErrorMemoryAllocation;
+    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
+    *pointer = memory;
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* pointer) {
+    std::lock_guard lock(mutex);
+    touch();
+    const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+    if (found == allocations.end() || found->second.device >= 0) return cudaErrorInvalidValue;
+    allocations.erase(found);
+    std::free(pointer);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaMemcpy", code)) return code;
+    touch();
+    return copy(dst, src, count, kind);
+}
+cudaError_t cudaMemset(void* pointer, int value, std::size_t count) {
+    std::lock_guard lock(mutex);
+    touch();
+    if (!inside(pointer, count, true)) return cudaErrorInvalidValue;
+    std::memset(pointer, value, count);
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaDeviceSynchronize", code)) return code;
+    touch();
+    return cudaSuccess;
+}
+const char* cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess:
+            return "no error";
+        case cudaErrorInvalidValue:
+            return "invalid argument";
+        case cudaErrorMemoryAllocation:
+            return "out of memory";
+        case cudaErrorInvalidMemcpyDirection:
+            return "invalid copy direction for memcpy";
+        case cudaErrorInvalidDevice:
+            return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle:
+            return "invalid resource handle";
+        case cudaErrorNotReady:
+            return "device not ready";
+        case 700:
+            return "an illegal memory access was encountered";
+        default:
+            return "unrecognized error code";
+    }
+}
+
+// ---- streams and events (immediate) ---------------------------------------------------------
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaStreamCreateWithFlags", code)) return code;
+    touch();
+    if (flags > 1) return cudaErrorInvalidValue;
+    auto* created = new Stream{current_device, flags};
+    streams[created] = created;
+    *stream = created;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaStreamDestroy", code)) return code;
+    const auto found = streams.find(stream);
+    if (found == streams.end()) return cudaErrorInvalidResourceHandle;
+    delete found->second;
+    streams.erase(found);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int kind, cudaStream_t stream) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaMemcpyAsync", code)) return code;
+    touch();
+    if (stream != nullptr && streams.count(stream) == 0) return cudaErrorInvalidResourceHandle;
+    return copy(dst, src, count, kind);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaEventCreateWithFlags", code)) return code;
+    touch();
+    if (flags > 0xF) return cudaErrorInvalidValue;
+    auto* created = new Event{current_device, flags};
+    events[created] = created;
+    *event = created;
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaEventDestroy", code)) return code;
+    const auto found = events.find(event);
+    if (found == events.end()) return cudaErrorInvalidResourceHandle;
+    delete found->second;
+    events.erase(found);
+    return cudaSuccess;
+}
+// The event and the stream must be on the same device.
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaEventRecord", code)) return code;
+    touch();
+    const auto found = events.find(event);
+    const auto on = streams.find(stream);
+    if (found == events.end() || on == streams.end()) return cudaErrorInvalidResourceHandle;
+    if (found->second->device != on->second->device) return cudaErrorInvalidResourceHandle;
+    found->second->recorded = true;
+    return cudaSuccess;
+}
+#ifndef CUDA_SHIM_NO_EVENT_QUERY
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaEventQuery", code)) return code;
+    const auto found = events.find(event);
+    if (found == events.end()) return cudaErrorInvalidResourceHandle;
+    if (found->second->recorded && not_ready_answers > 0) {
+        --not_ready_answers;
+        return cudaErrorNotReady;
+    }
+    return cudaSuccess;
+}
+#endif
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaEventSynchronize", code)) return code;
+    if (events.count(event) == 0) return cudaErrorInvalidResourceHandle;
+    not_ready_answers = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaStreamWaitEvent", code)) return code;
+    if (streams.count(stream) == 0 || events.count(event) == 0) return cudaErrorInvalidResourceHandle;
+    last_wait_flags = flags;
+    return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*function)(void*), void* user_data) {
+    {
+        std::lock_guard lock(mutex);
+        int code;
+        if (injected("cudaLaunchHostFunc", code)) return code;
+        if (streams.count(stream) == 0 || function == nullptr) return cudaErrorInvalidResourceHandle;
+    }
+    function(user_data);
+    return cudaSuccess;
+}
+
+// ---- the driver's virtual memory ------------------------------------------------------------
+#ifndef CUDA_SHIM_NO_DRIVER
+CUresult cuGetErrorString(CUresult error, const char** text) {
+    switch (error) {
+        case CUDA_SUCCESS:
+            *text = "no error";
+            break;
+        case CUDA_ERROR_INVALID_VALUE:
+            *text = "invalid argument";
+            break;
+        case CUDA_ERROR_OUT_OF_MEMORY:
+            *text = "out of memory";
+            break;
+        case CUDA_ERROR_INVALID_DEVICE:
+            *text = "invalid device ordinal";
+            break;
+        case CUDA_ERROR_INVALID_CONTEXT:
+            *text = "invalid device context";
+            break;
+        default:
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    if (ordinal < 0 || ordinal >= device_count) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+    std::lock_guard lock(mutex);
+    if (device < 0 || device >= device_count) return CUDA_ERROR_INVALID_DEVICE;
+    *value = attribute == 102 ? vmm_supported : 0;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemGetAllocationGranularity(std::size_t* result, const MemAllocationProp* prop, int option) {
+    if (!valid_prop(prop) || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
+    *result = granularity;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr* pointer, std::size_t size, std::size_t alignment, CUdeviceptr address,
+                             unsigned long long flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cuMemAddressReserve", code)) return code;
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0 || size % granularity != 0 || (alignment & (alignment - 1)) != 0 || address != 0 || flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    void* raw = ::mmap(nullptr, size + granularity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    const auto start = (reinterpret_cast<std::uintptr_t>(raw) + granularity - 1) & ~(granularity - 1);
+    reservations[start] = size;
+    *pointer = start;
+    return CUDA_SUCCESS;
+}
+// The whole reservation, with nothing mapped in it.
+CUresult cuMemAddressFree(CUdeviceptr pointer, std::size_t size) {
+    std::lock_guard lock(mutex);
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto found = reservations.find(pointer);
+    if (found == reservations.end() || found->second != size) return CUDA_ERROR_INVALID_VALUE;
+    const auto mapped = mappings.lower_bound(pointer);
+    if (mapped != mappings.end() && mapped->first < pointer + size) return CUDA_ERROR_INVALID_VALUE;
+    reservations.erase(found);  // the address range stays reserved: never reused in a test run
+    return CUDA_SUCCESS;
+}
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, const MemAllocationProp* prop,
+                     unsigned long long flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cuMemCreate", code)) return code;
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!valid_prop(prop) || size == 0 || size % granularity != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    const int device = prop->location.id;
+    if (size > capacity[device] - used[device]) return CUDA_ERROR_OUT_OF_MEMORY;
+    used[device] += size;
+    *handle = ++next_handle;
+    physicals[*handle] = Physical{size, device};
+    return CUDA_SUCCESS;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    std::lock_guard lock(mutex);
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto found = physicals.find(handle);
+    if (found == physicals.end() || found->second.released) return CUDA_ERROR_INVALID_VALUE;
+    if (found->second.mappings > 0) {
+        found->second.released = true;
+        return CUDA_SUCCESS;
+    }
+    used[found->second.device] -= found->second.bytes;
+    physicals.erase(found);
+    return CUDA_SUCCESS;
+}
+// Inside one reservation, over nothing mapped yet; mapped without access until cuMemSetAccess.
+CUresult cuMemMap(CUdeviceptr pointer, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cuMemMap", code)) return code;
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto physical = physicals.find(handle);
+    if (physical == physicals.end() || physical->second.released || offset != 0 || flags != 0 || size == 0 ||
+        size > physical->second.bytes || size % granularity != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto reservation = reservations.upper_bound(pointer);
+    if (reservation == reservations.begin()) return CUDA_ERROR_INVALID_VALUE;
+    --reservation;
+    if (pointer + size > reservation->first + reservation->second) return CUDA_ERROR_INVALID_VALUE;
+    const auto after = mappings.lower_bound(pointer);
+    if (after != mappings.end() && after->first < pointer + size) return CUDA_ERROR_INVALID_VALUE;
+    if (after != mappings.begin()) {
+        const auto before = std::prev(after);
+        if (before->first + before->second.bytes > pointer) return CUDA_ERROR_INVALID_VALUE;
+    }
+    mappings[pointer] = Mapping{size, handle};
+    ++physical->second.mappings;
+    return CUDA_SUCCESS;
+}
+// [pointer, pointer + size) must be fully mapped; only device read-write access is modelled.
+CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t size, const MemAccessDesc* desc, std::size_t count) {
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cuMemSetAccess", code)) return code;
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (desc == nullptr || count != 1 || desc->location.type != 1 || desc->location.id < 0 ||
+        desc->location.id >= device_count || desc->flags != 3) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!whole_mappings(pointer, size)) return CUDA_ERROR_INVALID_VALUE;
+    for (auto it = mappings.find(pointer); it != mappings.end() && it->first < pointer + size; ++it) {
+        if (!it->second.accessible) {
+            if (::mmap(reinterpret_cast<void*>(it->first), it->second.bytes, PROT_READ | PROT_WRITE,
+                       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) {
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        it->second.accessible = true;
+    }
+    return CUDA_SUCCESS;
+}
+// Whole mappings only.
+CUresult cuMemUnmap(CUdeviceptr pointer, std::size_t size) {
+    std::lock_guard lock(mutex);
+    if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!whole_mappings(pointer, size)) return CUDA_ERROR_INVALID_VALUE;
+    for (auto it = mappings.find(pointer); it != mappings.end() && it->first < pointer + size;) {
+        ::mmap(reinterpret_cast<void*>(it->first), it->second.bytes, PROT_NONE,
+               MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        const auto physical = physicals.find(it->second.handle);
+        if (--physical->second.mappings == 0 && physical->second.released) {
+            used[physical->second.device] -= physical->second.bytes;
+            physicals.erase(physical);
+        }
+        it = mappings.erase(it);
+    }
+    return CUDA_SUCCESS;
+}
+#endif  // CUDA_SHIM_NO_DRIVER
+
+}  // extern "C"
