@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+// The stream-ordered Stager: the async staging suite over the simulator (real streams), the
+// mock (work at the call) and the deferred mock (work only when the host waits, in an
+// adversarial order); then what only they can show: stale data before the wait, no premature
+// free, every async operation failing in turn, and a real pipeline.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "async_support.hpp"
+#include "support.hpp"
+
+using AsyncStagingBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::DeferredMock>;
+#include "async_staging_suite.hpp"
+
+using namespace devstage;
+using namespace async_staging;
+
+TEST_CASE("async stager: outputs are stale until the wait, and right after it", "[async][stager][deferred]") {
+    MockBackend mock(MockConfig{.deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    Stager<MockBackend> stager(mock);
+    test::HostRun host;
+    host.add(3000, Direction::In, 1);
+    host.add(2000, Direction::InOut, 2);
+    host.add(1000, Direction::Out, 3);
+    const auto before = host.buffers;
+    const auto expected = reference(mock, host);
+    Kernel<MockBackend> kernel;
+    Result<Completion> done = stream_run(stager, mock, host, kernel, stream, stream);
+    REQUIRE(done.ok());
+    CHECK(host.buffers == before);  // nothing ran yet: a read before the wait sees stale data
+    auto ready = done->ready();     // polled: "not ready" a few times, then the work runs
+    while (ready.ok() && !*ready) ready = done->ready();
+    REQUIRE(ready.ok());
+    CHECK(host.buffers == expected);
+    CHECK(done->wait().ok());
+    CHECK(mock.misuses() == 0);
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: reusing a packed slot with a pending run waits on the host; two slots do not",
+          "[async][stager][deferred][packing]") {
+    MockBackend mock(MockConfig{.deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    test::HostRun a = random_run(81), b = random_run(82), c = random_run(83);
+    for (test::HostRun* run : {&a, &b, &c}) {
+        run->add(100, Direction::InOut, 800);
+        run->relink();
+    }
+    {
+        Stager<MockBackend, Packed> one_slot(mock);
+        Kernel<MockBackend> ka, kb;
+        Result<Completion> first = stream_run(one_slot, mock, a, ka, stream, stream);
+        REQUIRE(first.ok());
+        CHECK(one_slot.stats().host_waits == 0);
+        Result<Completion> second = stream_run(one_slot, mock, b, kb, stream, stream);
+        REQUIRE(second.ok());
+        CHECK(one_slot.stats().host_waits == 1);  // deferred work never completes unasked
+        REQUIRE(second->wait().ok());
+    }
+    {
+        Stager<MockBackend, Packed> two_slots(mock, Packed{}, 2);
+        Kernel<MockBackend> ka, kb;
+        Result<Completion> first = stream_run(two_slots, mock, a, ka, stream, stream);
+        Result<Completion> second = stream_run(two_slots, mock, b, kb, stream, stream);
+        REQUIRE(first.ok());
+        REQUIRE(second.ok());
+        CHECK(two_slots.stats().host_waits == 0);
+        REQUIRE(second->wait().ok());
+        REQUIRE(first->wait().ok());
+    }
+    CHECK(mock.misuses() == 0);
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: a grow under pending work frees the old buffer only after it", "[async][stager][deferred]") {
+    MockBackend mock(MockConfig{.deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    Stager<MockBackend> stager(mock);
+    test::HostRun small = random_run(41), large = random_run(42);
+    large.add(200000, Direction::InOut, 420);
+    large.relink();
+    Kernel<MockBackend> k1, k2;
+    Result<Completion> first = stream_run(stager, mock, small, k1, stream, stream);
+    REQUIRE(first.ok());
+    Result<Completion> second = stream_run(stager, mock, large, k2, stream, stream);  // grows the slot
+    REQUIRE(second.ok());
+    CHECK(stager.stats().deferred_frees == 1);  // the old buffer waits for the first run
+    REQUIRE(second->wait().ok());
+    REQUIRE(first->wait().ok());
+    CHECK(mock.misuses() == 0);  // no free or copy touched memory pending work used
+    CHECK(stager.stats().free_failures == 0);
+    REQUIRE(stager.release().ok());
+    CHECK(mock.live_device_allocations() == 0);
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: a copy that fails while it runs is reported by wait(), and the stager goes on",
+          "[async][stager][faults]") {
+    for (const MockOp op : {MockOp::copy_to_device_async, MockOp::copy_from_device_async}) {
+        CAPTURE(to_string(op));
+        MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = true});
+        const auto stream = test::make_stream(mock);
+        Stager<MockBackend> stager(mock);
+        stager.set_error_sink(&test::quiet_sink);
+        test::HostRun host = random_run(51);
+        host.add(100, Direction::InOut, 510);
+        host.relink();
+        mock.fail_when_run(op, mock.calls(op) + 1, Errc::backend_failure);
+        Kernel<MockBackend> kernel;
+        Result<Completion> done = stream_run(stager, mock, host, kernel, stream, stream);
+        REQUIRE(done.ok());  // accepted at the call
+        const Status failed = done->wait();
+        CHECK_FALSE(failed.ok());
+        CHECK_THAT(failed.message(), Catch::Contains("injected"));
+        test::HostRun again = random_run(52);
+        const auto expected = reference(mock, again);
+        Kernel<MockBackend> next;
+        Result<Completion> clean = stream_run(stager, mock, again, next, stream, stream);
+        REQUIRE(clean.ok());
+        REQUIRE(clean->wait().ok());
+        CHECK(again.buffers == expected);
+        REQUIRE(stager.release().ok());
+        CHECK(mock.live_device_allocations() == 0);
+        REQUIRE(mock.destroy_stream(stream).ok());
+    }
+}
+
+TEMPLATE_TEST_CASE("async stager: failing the k-th call of any operation of a stream-ordered run leaks nothing",
+                   "[async][stager][faults]", RetainedBump<>, PerTensorMalloc<>, Packed) {
+    const bool deferred = GENERATE(false, true);
+    CAPTURE(deferred);
+    test::HostRun host = random_run(61);
+    host.add(100, Direction::InOut, 610);
+    host.add(9000, Direction::Out, 611);
+    host.relink();
+    // Count the calls of every operation a clean run makes, then fail each in turn.
+    std::uint64_t calls = 0;
+    {
+        MockBackend probe(MockConfig{.deferred_async = deferred});
+        const auto stream = test::make_stream(probe);
+        const std::uint64_t before = probe.total_calls();
+        {
+            Stager<MockBackend, TestType> stager(probe);
+            Kernel<MockBackend> kernel;
+            test::HostRun copy = host;
+            copy.relink();
+            Result<Completion> done = stream_run(stager, probe, copy, kernel, stream, stream);
+            REQUIRE(done.ok());
+            REQUIRE(done->wait().ok());
+        }
+        calls = probe.total_calls() - before;
+        REQUIRE(probe.destroy_stream(stream).ok());
+    }
+    for (std::uint64_t k = 1; k <= calls; ++k) {
+        for (std::size_t index = 0; index < mock_op_count; ++index) {
+            const auto op = static_cast<MockOp>(index);
+            MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = deferred});
+            const auto stream = test::make_stream(mock);
+            Status outcome;
+            {
+                Stager<MockBackend, TestType> stager(mock);
+                stager.set_error_sink(&test::quiet_sink);
+                const std::uint64_t base = mock.calls(op);
+                mock.fail_call(op, base + k);
+                test::HostRun copy = host;
+                copy.relink();
+                Kernel<MockBackend> kernel;
+                Result<Completion> done = stream_run(stager, mock, copy, kernel, stream, stream);
+                outcome = done.ok() ? done->wait() : done.status();
+                if (outcome.ok() && !kernel.status.ok()) outcome = kernel.status;
+                const bool injected = mock.calls(op) >= base + k;
+                CAPTURE(k, to_string(op));
+                if (injected) {
+                    CHECK_FALSE(outcome.ok());
+                } else {
+                    CHECK(outcome.ok());
+                }
+                CHECK(stager.live_runs() == 0);
+                mock.clear_faults();
+                test::HostRun clean = host;
+                clean.relink();
+                Kernel<MockBackend> next;
+                Result<Completion> again = stream_run(stager, mock, clean, next, stream, stream);
+                REQUIRE(again.ok());
+                REQUIRE(again->wait().ok());
+                (void)stager.release();
+            }
+            CAPTURE(k, to_string(op));
+            // Nothing left but what the backend itself refused to free.
+            std::size_t refused = 0;
+            for (const MockCall& call : mock.journal()) {
+                refused += (call.op == MockOp::device_free || call.op == MockOp::pinned_free) && call.result != Errc::ok;
+            }
+            CHECK(mock.live_device_allocations() + mock.live_pinned_allocations() <= refused);
+            (void)mock.destroy_stream(stream);
+        }
+    }
+}
+
+namespace {
+// A run's host tensors moved into the backend's pinned memory: copies from and to it are truly
+// asynchronous (from pageable memory the host waits for each copy, as CUDA documents).
+struct PinnedRun {
+    SimBackend& sim;
+    test::HostRun& host;
+    std::vector<void*> blocks;
+    PinnedRun(SimBackend& s, test::HostRun& h) : sim(s), host(h) {
+        for (std::size_t i = 0; i < host.args.size(); ++i) {
+            if (host.args[i].bytes == 0) continue;
+            auto block = sim.pinned_malloc(host.args[i].bytes);
+            REQUIRE(block.ok());
+            std::memcpy(*block, host.buffers[i].data(), host.args[i].bytes);
+            host.args[i].data = *block;
+            blocks.push_back(*block);
+        }
+    }
+    // The pinned bytes, back in the run's buffers for comparison.
+    std::vector<std::vector<std::byte>> result() const {
+        auto out = host.buffers;
+        for (std::size_t i = 0; i < host.args.size(); ++i) {
+            if (host.args[i].bytes == 0) continue;
+            const auto* at = static_cast<const std::byte*>(host.args[i].data);
+            out[i].assign(at, at + host.args[i].bytes);
+        }
+        return out;
+    }
+    PinnedRun(const PinnedRun&) = delete;
+    PinnedRun& operator=(const PinnedRun&) = delete;
+    ~PinnedRun() {
+        for (void* block : blocks) CHECK(sim.pinned_free(block).ok());
+    }
+};
+}  // namespace
+
+TEST_CASE("async stager: with two slots, run k+1 binds and uploads while run k still executes",
+          "[async][stager][slots][threads]") {
+    SimBackend sim;
+    const auto stream = test::make_stream(sim);
+    Stager<SimBackend> stager(sim, RetainedBump<>{}, 2);
+    test::HostRun step0 = random_run(71), step1 = random_run(72);
+    step0.add(4096, Direction::In, 710);
+    step1.add(4096, Direction::In, 720);
+    step0.relink();
+    step1.relink();
+    const auto expected0 = reference(sim, step0), expected1 = reference(sim, step1);
+    PinnedRun pinned0(sim, step0), pinned1(sim, step1);
+    const std::uint64_t pageable = sim.stats().pageable_async_copies;
+
+    auto run0 = stager.bind(step0.args, stream);
+    REQUIRE(run0.ok());
+    test::StreamGate gate;  // run 0's "kernel" holds the stream until the test opens it
+    REQUIRE(sim.launch_host_func(stream, &test::StreamGate::hold, &gate).ok());
+    Kernel<SimBackend> kernel0;
+    REQUIRE(kernel0.launch(sim, stream, run0->device_args(), step0.args).ok());
+    auto done0 = stager.finish(std::move(*run0), stream);
+    REQUIRE(done0.ok());
+    gate.wait_entered();
+
+    const std::uint64_t uploads = sim.stats().async_copies_to_device;
+    auto run1 = stager.bind(step1.args, stream);  // would deadlock if it waited for run 0
+    REQUIRE(run1.ok());
+    CHECK(run1->slot() != 0);
+    CHECK(sim.stats().async_copies_to_device > uploads);  // run 1's uploads are enqueued
+    auto ready0 = done0->ready();
+    REQUIRE(ready0.ok());
+    CHECK_FALSE(*ready0);  // while run 0's copy-backs have not completed
+    CHECK(stager.stats().host_waits == 0);
+    Kernel<SimBackend> kernel1;
+    REQUIRE(kernel1.launch(sim, stream, run1->device_args(), step1.args).ok());
+    auto done1 = stager.finish(std::move(*run1), stream);
+    REQUIRE(done1.ok());
+
+    gate.open();
+    REQUIRE(done0->wait().ok());
+    REQUIRE(done1->wait().ok());
+    CHECK(pinned0.result() == expected0);
+    CHECK(pinned1.result() == expected1);
+    CHECK(sim.stats().pageable_async_copies == pageable);  // every copy of the pipeline overlapped
+    REQUIRE(stager.release().ok());
+    REQUIRE(sim.destroy_stream(stream).ok());
+}
