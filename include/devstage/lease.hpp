@@ -8,6 +8,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/status.hpp"
+#include "devstage/tensor.hpp"
 
 namespace devstage {
 
@@ -28,6 +29,7 @@ struct TensorLease {
     void* allocation = nullptr;  ///< what device_free gets for Free leases; differs from
                                  ///< `device` when the allocation was aligned up
     bool upload = false;         ///< copied from `host` to `device` by the bind (In and InOut)
+    HostMemory host_memory = HostMemory::unknown;  ///< the arg's hint about `host`
 };
 
 /// Releases one lease by its kind. Free leases call device_free(allocation); the others do

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 #include "devstage/detail/slot_fence.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
+#include "devstage/pageable.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
@@ -240,24 +242,14 @@ public:
         const std::size_t index = run.slot_;
         Slot& slot = slots_[index];
         Status first = slot.fence.join(async(), slot.bind_stream, stream);
-        std::uint64_t wanted = 0, copied = 0, calls = 0, packed = 0;
+        CopyBacks backs;
         if (execution.ok() && first.ok()) {
-            for (const TensorLease& lease : slot.leases()) {
-                if (!lease.copy_back) continue;  // In args, and Device args (never copied back)
-                ++wanted;
-                if (packed_lease(slot, lease)) {
-                    ++packed;
-                    continue;
-                }
-                Status back = async().copy_from_device_async(lease.host, lease.device, lease.bytes, stream);
-                if (!back) {
-                    if (first.ok()) first = copy_failure("finish: copy back", lease.bytes, back);
-                    continue;
-                }
-                copied += lease.bytes;
-                ++calls;
-            }
+            backs = ring_threshold_ == std::numeric_limits<std::size_t>::max() ? copy_back<false>(slot, stream, first)
+                                                                               : copy_back<true>(slot, stream, first);
         }
+        const std::uint64_t wanted = backs.calls + backs.failed + backs.packed;
+        std::uint64_t copied = backs.bytes, calls = backs.calls;
+        const std::uint64_t packed = backs.packed;
         const std::uint64_t skipped = slot.staged - wanted;
         if constexpr (pack_limit > 0) {
             if (packed > 0) {
@@ -401,6 +393,12 @@ public:
             }
             slot.framed = false;
         }
+        if constexpr (PinnedHostBackend<B>) {
+            if (ring_) {
+                Status freed = ring_->release(*backend_, async(), stats_);  // re-created at next use
+                if (first.ok()) first = std::move(freed);
+            }
+        }
         for (std::size_t index = 0; index < slots_.size(); ++index) {
             settle(index);
             Slot& slot = slots_[index];
@@ -433,7 +431,45 @@ public:
             slot.strategy.abandon(stats_);
         }
         own_stream_.reset();
+        if constexpr (PinnedHostBackend<B>) {
+            if (ring_) ring_->forget(stats_);
+        }
         resolve_all(Status(Errc::backend_failure, "stager abandon: the run's pending work was forgotten"));
+    }
+
+    // ---- pageable args through a pinned ring ----------------------------------------------
+
+    /// From now on, staged args of at least `ring.threshold` bytes in pageable host memory move
+    /// through a ring of `ring.chunks` pinned chunks of `ring.chunk_bytes`, filled and emptied by
+    /// host threads (the engine's `pool` when given, else `ring.threads` threads the stager
+    /// starts once) while the copy engine drains the previous chunk. An arg's memory is pageable
+    /// when its TensorArg says so, else when the backend's `is_pinned` query (if it has one)
+    /// says it is not pinned, else it is assumed pageable. The chunks are allocated at first
+    /// use; busy while a run is live. See docs/staging.md for when it pays.
+    Status set_pageable_ring(const PageableRing& ring, HostCopyPool* pool = nullptr) noexcept
+        requires PinnedHostBackend<B> {
+        if (Status cleared = clear_pageable_ring(); !cleared) return cleared;
+#if defined(__cpp_exceptions)
+        try {
+            ring_ = std::make_unique<detail::PinnedRing<B, Async>>(ring, pool);
+        } catch (...) {
+            return Status(Errc::out_of_memory, with_backend("stager: host memory for the pageable ring"));
+        }
+#else
+        ring_ = std::make_unique<detail::PinnedRing<B, Async>>(ring, pool);
+#endif
+        ring_threshold_ = std::max<std::size_t>(ring.threshold, 1);
+        return {};
+    }
+
+    /// Stops staging through the ring and frees it (after the copies that use it completed).
+    Status clear_pageable_ring() noexcept requires PinnedHostBackend<B> {
+        if (live_runs() > 0) return busy("set_pageable_ring");
+        ring_threshold_ = std::numeric_limits<std::size_t>::max();
+        if (!ring_) return {};
+        Status released = ring_->release(*backend_, async(), stats_);
+        ring_.reset();
+        return released;
     }
 
     // ---- inspection ---------------------------------------------------------------------
@@ -612,22 +648,21 @@ private:
     Result<std::size_t> slice(Slot& slot, std::span<const TensorArg> args) noexcept {
         constexpr std::size_t mask = Strategy::alignment - 1;
         const auto base = reinterpret_cast<std::uintptr_t>(slot.strategy.base());
-        TensorLease* const leases = slot.lease_storage.data();
-        TensorArg* const device_args = slot.device_args.data();
-        std::size_t count = 0, external = 0, end = 0;
-        for (std::size_t index = 0; index < args.size(); ++index) {
-            const TensorArg& arg = args[index];
-            TensorArg& device_arg = device_args[index];
+        TensorLease* lease = slot.lease_storage.data();
+        TensorArg* device_arg = slot.device_args.data();
+        std::size_t external = 0, end = 0;
+        for (const TensorArg& arg : args) {
             const detail::ArgCheck check = detail::check_arg(arg);
             if (check != detail::ArgCheck::staged) [[unlikely]] {
                 if (check == detail::ArgCheck::skipped) {
-                    device_arg = TensorArg{nullptr, 0, arg.direction, Placement::Device};
+                    *device_arg++ = TensorArg{nullptr, 0, arg.direction, Placement::Device, arg.memory};
                 } else if (check == detail::ArgCheck::external) {
-                    leases[count++] = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
-                    device_arg = arg;
+                    *lease++ = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
+                    *device_arg++ = arg;
                     ++external;
                 } else {
                     slot.lease_count = 0;
+                    const auto index = static_cast<std::size_t>(&arg - args.data());
                     return detail::plan_failure(check, index, arg, end, Strategy::alignment);
                 }
                 continue;
@@ -637,35 +672,53 @@ private:
                 std::size_t padded = 0, next = 0;
                 if (__builtin_add_overflow(arg.bytes, mask, &padded) || __builtin_add_overflow(offset, padded & ~mask, &next)) {
                     slot.lease_count = 0;
+                    const auto index = static_cast<std::size_t>(&arg - args.data());
                     return detail::plan_failure(detail::ArgCheck::staged, index, arg, offset, Strategy::alignment);
                 }
             }
             end = offset + ((arg.bytes + mask) & ~mask);
             // Integer arithmetic: past the capacity the pointers are not used (the run grows).
             void* const device = reinterpret_cast<void*>(base + offset);
-            leases[count++] = TensorLease{arg.data, device, arg.bytes, copies_back(arg.direction), ReleaseKind::BufferNoop,
-                                          nullptr, uploads(arg.direction)};
-            device_arg = TensorArg{device, arg.bytes, arg.direction, Placement::Device};
+            *lease++ = TensorLease{arg.data,          device,  arg.bytes,
+                                   copies_back(arg.direction), ReleaseKind::BufferNoop,
+                                   nullptr,           uploads(arg.direction), arg.memory};
+            *device_arg = arg;
+            device_arg->data = device;
+            device_arg->placement = Placement::Device;
+            ++device_arg;
         }
+        const auto count = static_cast<std::size_t>(lease - slot.lease_storage.data());
         slot.lease_count = count;
         slot.staged = count - external;
         return end;
     }
 
-    // The uploads of the leases sliced by slice().
+    // The uploads of the leases sliced by slice(); the pageable-ring check only when a ring is set.
+    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
+        return ring_threshold_ == std::numeric_limits<std::size_t>::max() ? upload<false>(slot, stream, enqueued)
+                                                                          : upload<true>(slot, stream, enqueued);
+    }
+    template <bool Ring>
     Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
         std::uint64_t uploaded = 0, calls = 0;
         Status status;
+        const std::size_t ring_from = ring_threshold_;
         for (const TensorLease& lease : slot.leases()) {
             if (!lease.upload) continue;  // Out args, and Device args
+            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
+                status = ring_upload(lease, stream, enqueued);
+                if (!status) break;
+                ++calls;  // the arg's upload, in chunks (StagerStats::ring_chunks)
+                continue;
+            }
             if (Status copied = async().copy_to_device_async(lease.device, lease.host, lease.bytes, stream); !copied) {
                 status = copy_failure("bind: upload", lease.bytes, copied);
                 break;
             }
-            enqueued = true;
             uploaded += lease.bytes;
             ++calls;
         }
+        enqueued = enqueued || calls > 0;
         if (status.ok()) stats_.uploads_skipped += slot.staged - calls;
         stats_.bytes_to_device += uploaded;
         stats_.uploads += calls;
@@ -731,13 +784,14 @@ private:
                 offset = next[group];
                 next[group] += aligned(arg.bytes);
                 lease = TensorLease{arg.data,          base + offset, arg.bytes, copies_back(arg.direction),
-                                    ReleaseKind::BufferNoop, nullptr,        uploads(arg.direction)};
+                                    ReleaseKind::BufferNoop, nullptr,        uploads(arg.direction), arg.memory};
             } else {
                 const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
                 if (Status acquired = slot.strategy.acquire(*backend_, tensor, arg, lease, stats_); !acquired) {
                     status = std::move(acquired);
                     break;
                 }
+                lease.host_memory = arg.memory;
             }
             ++count;
             device_arg = TensorArg{lease.device, arg.bytes, arg.direction, Placement::Device};
@@ -761,6 +815,12 @@ private:
             }
             if (!uploads(arg.direction)) {
                 ++skipped;
+                continue;
+            }
+            if (lease.bytes >= ring_threshold_ && through_ring(lease)) [[unlikely]] {
+                status = ring_upload(lease, stream, enqueued);
+                if (!status) break;
+                ++calls;
                 continue;
             }
             if (Status copied = async().copy_to_device_async(lease.device, arg.data, arg.bytes, stream); !copied) {
@@ -860,6 +920,84 @@ private:
             }
         }
         return {};
+    }
+
+    // The copy-backs of a finish, one per copied-back lease (packed ones counted, not copied).
+    struct CopyBacks {
+        std::uint64_t calls = 0, failed = 0, packed = 0, bytes = 0;
+    };
+    template <bool Ring>
+    CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
+        CopyBacks backs;
+        const std::size_t ring_from = ring_threshold_;
+        for (const TensorLease& lease : slot.leases()) {
+            if (!lease.copy_back) continue;  // In args, and Device args (never copied back)
+            if (packed_lease(slot, lease)) {
+                ++backs.packed;
+                continue;
+            }
+            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
+                if (Status back = ring_copy_back(lease, stream); !back) {
+                    copy_back_failed(backs, first, std::move(back));
+                    continue;
+                }
+                ++backs.calls;
+                continue;
+            }
+            if (Status back = async().copy_from_device_async(lease.host, lease.device, lease.bytes, stream); !back) {
+                copy_back_failed(backs, first, copy_failure("finish: copy back", lease.bytes, back));
+                continue;
+            }
+            backs.bytes += lease.bytes;
+            ++backs.calls;
+        }
+        return backs;
+    }
+    [[gnu::cold]] static void copy_back_failed(CopyBacks& backs, Status& first, Status failure) noexcept {
+        ++backs.failed;
+        if (first.ok()) first = std::move(failure);
+    }
+
+    // ---- the pageable ring -------------------------------------------------------------------
+
+    // True when a large lease's host memory is pageable (see set_pageable_ring).
+    bool through_ring(const TensorLease& lease) const noexcept {
+        if (lease.host_memory == HostMemory::pinned) return false;
+        if (lease.host_memory == HostMemory::pageable) return true;
+        if constexpr (PinnedQueryBackend<B>) {
+            return !backend_->is_pinned(lease.host);
+        } else {
+            return true;
+        }
+    }
+
+    Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept {
+        if constexpr (PinnedHostBackend<B>) {
+            Status status = ring_->upload(*backend_, async(), lease.device, lease.host, lease.bytes, stream, stats_);
+            enqueued = true;
+            if (!status) return copy_failure("bind: upload through the pageable ring", lease.bytes, status);
+            ++stats_.ring_uploads;
+            stats_.bytes_to_device += lease.bytes;
+            if constexpr (!immediate) ++stats_.async_uploads;
+            return status;
+        } else {
+            (void)lease, (void)stream, (void)enqueued;
+            return {};
+        }
+    }
+
+    Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept {
+        if constexpr (PinnedHostBackend<B>) {
+            Status status = ring_->download(*backend_, async(), lease.host, lease.device, lease.bytes, stream, stats_);
+            if (!status) return copy_failure("finish: copy back through the pageable ring", lease.bytes, status);
+            ++stats_.ring_copy_backs;
+            stats_.bytes_from_device += lease.bytes;
+            if constexpr (!immediate) ++stats_.async_copy_backs;
+            return status;
+        } else {
+            (void)lease, (void)stream;
+            return {};
+        }
     }
 
     // ---- finish, settle, release ----------------------------------------------------------
@@ -1201,8 +1339,15 @@ private:
                           "(finished on one stream, the copy-back is ordered before this bind's uploads)")));
     }
 
+    struct NoRing {
+        explicit operator bool() const noexcept { return false; }
+    };
+    using Ring = std::conditional_t<PinnedHostBackend<B>, std::unique_ptr<detail::PinnedRing<B, Async>>, NoRing>;
+
     B* backend_;
     [[no_unique_address]] Adapter async_;
+    Ring ring_{};
+    std::size_t ring_threshold_ = std::numeric_limits<std::size_t>::max();  // max: no ring
     std::vector<Slot> slots_;
     StagerStats stats_;
     ErrorSink sink_;

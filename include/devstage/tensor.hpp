@@ -21,15 +21,25 @@ enum class Placement : std::uint8_t {
     Device,  ///< caller-owned device memory: passed through untouched, never freed by devstage
 };
 
+/// What the caller knows of a Host arg's memory. Page-locked (pinned) memory is copied by DMA
+/// directly; pageable memory is staged by the driver — or, when the stager has a pageable ring,
+/// through it (see Stager::set_pageable_ring).
+enum class HostMemory : std::uint8_t {
+    unknown,   ///< the backend is asked (when it can tell), else pageable is assumed
+    pageable,  ///< ordinary host memory
+    pinned,    ///< page-locked memory of this backend (a PinnedHostPool, the stager's frames)
+};
+
 /// One argument of a run. `TensorArg{logits.data(), logits.size() * 4, Direction::Out}`
 /// Contract: `bytes > 0` requires `data != nullptr`; zero-byte args stage as a null pointer.
 /// `direction` and `placement` must hold one of their enumerators (a bind refuses any other
-/// value with invalid_argument).
+/// value with invalid_argument); `memory` is a hint (any other value reads as unknown).
 struct TensorArg {
     void* data;
     std::size_t bytes;
     Direction direction = Direction::InOut;
     Placement placement = Placement::Host;
+    HostMemory memory = HostMemory::unknown;
 
     /// An input from read-only memory (a `const` vector, a string literal): In args are never
     /// written, so the const is shed safely. `TensorArg::in(tokens.data(), tokens.size() * 4)`
