@@ -11,6 +11,7 @@
 #include "devstage/pageable.hpp"
 #include "devstage/pinned.hpp"
 #include "devstage/plan.hpp"
+#include "devstage/run.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"

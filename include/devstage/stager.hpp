@@ -18,6 +18,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <span>
 #include <utility>
@@ -25,12 +26,16 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
+#include "devstage/detail/stager_messages.hpp"
+#include "devstage/detail/stager_slot.hpp"
+#include "devstage/detail/transfers.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/detail/slot_fence.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/pageable.hpp"
 #include "devstage/plan.hpp"
+#include "devstage/run.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 #include "devstage/stream.hpp"
@@ -40,22 +45,7 @@
 
 namespace devstage {
 
-class StagedRun;
-
 namespace detail {
-/// What a StagedRun calls back into; implemented by every Stager.
-class RunOwner {
-public:
-    virtual void drop_run(std::size_t slot) noexcept = 0;
-    virtual void relink_run(std::size_t slot, StagedRun* handle) noexcept = 0;
-
-protected:
-    RunOwner() = default;
-    RunOwner(const RunOwner&) = default;
-    RunOwner& operator=(const RunOwner&) = default;
-    ~RunOwner() = default;
-};
-
 /// A backend that declares a Stream type means to be an AsyncBackend: one that misses an
 /// operation must not be staged synchronously without a word.
 template <class B>
@@ -67,79 +57,7 @@ consteval bool streams_complete() {
     }
     return true;
 }
-
-/// The packing limit of a strategy (0 when it does not pack).
-template <class S>
-constexpr std::size_t pack_limit_of() noexcept {
-    if constexpr (requires { S::packing::limit; }) {
-        return S::packing::limit;
-    } else {
-        return 0;
-    }
-}
 }  // namespace detail
-
-/// A live run: the device view of its args and the leases that back them. Move-only.
-/// `auto run = stager.bind(args); launch(run->device_args()); (void)stager.finish(std::move(*run));`
-/// Destroyed without finish, it releases its leases without copying back. Once its stager
-/// finished, released or abandoned it, the handle is inert.
-class StagedRun {
-public:
-    StagedRun(StagedRun&& other) noexcept { take(other); }
-    StagedRun& operator=(StagedRun&& other) noexcept {
-        if (this != &other) {
-            reset();
-            take(other);
-        }
-        return *this;
-    }
-    StagedRun(const StagedRun&) = delete;
-    StagedRun& operator=(const StagedRun&) = delete;
-    ~StagedRun() { reset(); }
-
-    /// The args in input order: staged ones point at device memory (Placement::Device),
-    /// Device args are unchanged, zero-byte args have a null pointer.
-    std::span<const TensorArg> device_args() const noexcept { return device_args_; }
-    /// One lease per staged arg and per Device arg with bytes, in input order.
-    std::span<const TensorLease> leases() const noexcept { return leases_; }
-    /// False once finished, dropped by its stager, or moved from.
-    bool live() const noexcept { return owner_ != nullptr; }
-    /// The pipeline slot the run is bound on.
-    std::size_t slot() const noexcept { return slot_; }
-
-private:
-    template <Backend, class>
-    friend class Stager;
-
-    StagedRun(detail::RunOwner* owner, std::size_t slot, std::span<const TensorArg> device_args,
-              std::span<const TensorLease> leases) noexcept
-        : owner_(owner), slot_(slot), device_args_(device_args), leases_(leases) {
-        owner_->relink_run(slot_, this);
-    }
-
-    void take(StagedRun& other) noexcept {
-        owner_ = std::exchange(other.owner_, nullptr);
-        slot_ = other.slot_;
-        device_args_ = std::exchange(other.device_args_, {});
-        leases_ = std::exchange(other.leases_, {});
-        if (owner_ != nullptr) owner_->relink_run(slot_, this);
-    }
-    void reset() noexcept {
-        if (detail::RunOwner* owner = std::exchange(owner_, nullptr)) owner->drop_run(slot_);
-        device_args_ = {};
-        leases_ = {};
-    }
-    void unlink() noexcept {
-        owner_ = nullptr;
-        device_args_ = {};
-        leases_ = {};
-    }
-
-    detail::RunOwner* owner_ = nullptr;
-    std::size_t slot_ = 0;
-    std::span<const TensorArg> device_args_;
-    std::span<const TensorLease> leases_;
-};
 
 /// Stages runs for one runner on one backend. `Stager<SimBackend> stager(sim); auto run = stager.bind(args);`
 ///
@@ -242,35 +160,17 @@ public:
         const std::size_t index = run.slot_;
         Slot& slot = slots_[index];
         Status first = slot.fence.join(async(), slot.bind_stream, stream);
-        CopyBacks backs;
-        if (execution.ok() && first.ok()) {
-            backs = ring_threshold_ == std::numeric_limits<std::size_t>::max() ? copy_back<false>(slot, stream, first)
-                                                                               : copy_back<true>(slot, stream, first);
-        }
-        const std::uint64_t wanted = backs.calls + backs.failed + backs.packed;
-        std::uint64_t copied = backs.bytes, calls = backs.calls;
-        const std::uint64_t packed = backs.packed;
-        const std::uint64_t skipped = slot.staged - wanted;
+        typename Moves::CopyBacks backs;
+        if (execution.ok() && first.ok()) backs = moves().copy_back(slot, stream, first);
+        stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
         if constexpr (pack_limit > 0) {
-            if (packed > 0) {
-                const StagingLayout& layout = slot.layout;
-                const std::size_t bytes = layout.copy_back_end - layout.copy_back_begin;
-                auto* base = static_cast<std::byte*>(slot.strategy.base());
-                Status back = async().copy_from_device_async(slot.strategy.mirror() + layout.copy_back_begin,
-                                                            base + layout.copy_back_begin, bytes, stream);
-                if (back) {
-                    copied += bytes;
-                    ++calls;
-                    slot.unpack = true;
-                } else if (first.ok()) {
-                    first = copy_failure("finish: packed copy back", bytes, back);
-                }
+            if (backs.packed > 0) {
+                if (Status back = moves().packed_copy_back(slot, stream, backs); !back && first.ok()) first = back;
             }
         }
-        stats_.copy_backs_skipped += skipped;
-        stats_.bytes_from_device += copied;
-        stats_.copy_backs += calls;
-        if constexpr (!detail::SlotFence<Async>::immediate) stats_.async_copy_backs += calls;
+        stats_.bytes_from_device += backs.bytes;
+        stats_.copy_backs += backs.calls;
+        if constexpr (!immediate) stats_.async_copy_backs += backs.calls;
 
         if (Status recorded = slot.fence.record(async(), stream); !recorded && first.ok()) first = recorded;
         slot.uses_mirror = slot.uses_mirror || slot.unpack;
@@ -304,13 +204,7 @@ public:
         const std::size_t index = *free;
         Slot& slot = slots_[index];
         settle(index);
-        if (slot.frame_args.capacity() < shapes.size() && !slot.frame_args.empty()) {
-            // Keep the old storage: a stale frame's args still point there, and a bind of them
-            // must be recognized (and refused), not read as freed memory.
-            if (Status kept = keep(slot.retired_frames, std::move(slot.frame_args)); !kept) return kept;
-            slot.frame_args = {};
-        }
-        if (Status sized = resize(slot.frame_args, shapes.size()); !sized) return sized;
+        if (Status sized = slot.frame_storage(shapes.size()); !sized) return sized;
         for (std::size_t i = 0; i < shapes.size(); ++i) {
             slot.frame_args[i] = TensorArg{this, shapes[i].bytes, shapes[i].direction, Placement::Host};
         }
@@ -366,7 +260,7 @@ public:
         if (Status adopted = slots_[slot].strategy.adopt(*backend_, allocation, bytes, stats_); !adopted) {
             return adopted;
         }
-        note_base(slots_[slot]);
+        slots_[slot].note_base(stats_);
         return {};
     }
 
@@ -404,11 +298,7 @@ public:
             Slot& slot = slots_[index];
             Status freed = slot.strategy.release_retained(*backend_, stats_);
             if (first.ok()) first = std::move(freed);
-            // The per-arg host bookkeeping goes too: the next bind sizes it again.
-            slot.lease_count = slot.staged = 0;
-            std::vector<TensorLease>().swap(slot.lease_storage);
-            std::vector<TensorArg>().swap(slot.device_args);
-            std::vector<void*>().swap(slot.deferred);
+            slot.drop_bookkeeping();  // the per-arg host bookkeeping goes too: the next bind sizes it again
         }
         return first;
     }
@@ -488,11 +378,7 @@ public:
     /// a stale frame is recognized.)
     std::size_t bookkeeping_bytes() const noexcept {
         std::size_t bytes = 0;
-        for (const Slot& slot : slots_) {
-            bytes += slot.lease_storage.capacity() * sizeof(TensorLease) +
-                     slot.device_args.capacity() * sizeof(TensorArg) +
-                     slot.deferred.capacity() * sizeof(void*);
-        }
+        for (const Slot& slot : slots_) bytes += slot.bookkeeping_bytes();
         return bytes;
     }
     /// Where failures with no caller to return to (a dropped run, an unwatched Completion, a
@@ -502,41 +388,12 @@ public:
 private:
     static constexpr std::size_t pack_limit = detail::pack_limit_of<Strategy>();
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
-    static constexpr bool immediate = detail::SlotFence<Async>::immediate;
+    static constexpr bool immediate = is_immediate_v<Async>;
     // Retained and unpacked (the default): plan, slice and lease fused in one pass.
     static constexpr bool fused = retained && pack_limit == 0;
-    // Sizes and offsets up to a quarter of the address space cannot overflow when added and aligned.
-    static constexpr std::size_t small_size = std::numeric_limits<std::size_t>::max() >> 2;
 
-    struct Slot {
-        explicit Slot(Strategy s) : strategy(std::move(s)) {}
-        Strategy strategy;
-        std::vector<TensorLease> lease_storage;  // only grows; the first lease_count are the run's
-        std::size_t lease_count = 0;
-        std::size_t staged = 0;  // leases of staged args (the others are Device args)
-        std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
-        std::vector<TensorArg> device_args;  // only grows
-        StagingLayout layout;                // of the bound (or last finished) run
-        StagedRun* handle = nullptr;
-        bool live = false;
-        bool all_packed = false;              // the run is a frame: every staged arg in the mirror
-        detail::SlotFence<Async> fence;
-        std::vector<void*> deferred;          // device frees waiting for the fence
-        std::uint64_t generation = 0;         // finishes so far
-        std::uint64_t settled = 0;            // generations whose results were handed out
-        bool unpack = false;                  // packed outputs wait in the mirror for the host
-        bool uses_mirror = false;             // pending work reads or writes the mirror
-        Stream bind_stream{};
-        std::uint64_t bound_at = 0;           // for "the slot bound longest ago"
-        std::vector<TensorArg> frame_args;    // only grows; kept by release(): frames point here
-        std::vector<std::vector<TensorArg>> retired_frames;  // outgrown frame storage, for stale frames
-        StagingLayout frame_layout;
-        std::size_t frame_count = 0;
-        std::uint64_t frame_generation = 0;
-        bool framed = false;                  // a frame is handed out and not yet bound
-        void* last_base = nullptr;            // for address_changes
-        bool had_base = false;
-    };
+    using Slot = detail::StagerSlot<Strategy, Async>;
+    using Moves = detail::Transfers<B, Strategy, Async>;
 
     // A slot choice, or why there is none.
     using SlotChoice = Result<std::size_t>;
@@ -572,12 +429,12 @@ private:
         Slot& slot = slots_[index];
         const bool frame = slot.framed && args.data() == slot.frame_args.data();
         if (Status ready = make_ready(index, stream, frame || pack_limit > 0); !ready) return ready;
-        if (Status sized = size_for(slot, args.size()); !sized) return sized;
+        if (Status sized = slot.size_for(args.size()); !sized) return sized;
 
         if constexpr (fused) {
             // Plan, slice and lease in one pass against the buffer held; a plan that outgrows it
             // grows the buffer and is sliced again (only then). Uploads follow in one loop.
-            Result<std::size_t> required = slice(slot, args);
+            Result<std::size_t> required = moves().slice(slot, args);
             if (!required) return Status(required.status().code(), with_backend(required.status().message()));
             slot.layout = StagingLayout{};
             slot.layout.required_bytes = *required;
@@ -586,10 +443,12 @@ private:
             }
             if (*required > slot.strategy.capacity()) {
                 if (Status grown = grow(index, slot.layout); !grown) return grown;
-                (void)slice(slot, args);
+                (void)moves().slice(slot, args);
             }
             bool enqueued = false;
-            if (Status uploaded = upload(slot, stream, enqueued); !uploaded) return failed_bind(slot, stream, enqueued, uploaded);
+            if (Status uploaded = moves().upload(slot, stream, enqueued); !uploaded) {
+                return failed_bind(slot, stream, enqueued, uploaded);
+            }
             return bound(index, args.size(), stream);
         }
         if (frame) {
@@ -611,9 +470,10 @@ private:
         bool enqueued = false;
         Status staged;
         if constexpr (pack_limit > 0) {
-            staged = frame ? stage<true>(slot, args, stream, enqueued) : stage<false>(slot, args, stream, enqueued);
+            staged = frame ? moves().template stage<true>(slot, args, stream, enqueued)
+                           : moves().template stage<false>(slot, args, stream, enqueued);
         } else {
-            staged = stage<false>(slot, args, stream, enqueued);
+            staged = moves().template stage<false>(slot, args, stream, enqueued);
         }
         if (!staged) return failed_bind(slot, stream, enqueued, staged);
         if (frame) slot.framed = false;
@@ -642,90 +502,6 @@ private:
         return failure;
     }
 
-    // The fused pass of a retained, unpacked strategy: validates each arg (the plan's predicate
-    // and layout rule), and writes its lease and device arg against the buffer held. Returns
-    // the bytes the run requires; the slices are valid when that is within the capacity.
-    Result<std::size_t> slice(Slot& slot, std::span<const TensorArg> args) noexcept {
-        constexpr std::size_t mask = Strategy::alignment - 1;
-        const auto base = reinterpret_cast<std::uintptr_t>(slot.strategy.base());
-        TensorLease* lease = slot.lease_storage.data();
-        TensorArg* device_arg = slot.device_args.data();
-        std::size_t external = 0, end = 0;
-        for (const TensorArg& arg : args) {
-            const detail::ArgCheck check = detail::check_arg(arg);
-            if (check != detail::ArgCheck::staged) [[unlikely]] {
-                if (check == detail::ArgCheck::skipped) {
-                    *device_arg++ = TensorArg{nullptr, 0, arg.direction, Placement::Device, arg.memory};
-                } else if (check == detail::ArgCheck::external) {
-                    *lease++ = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
-                    *device_arg++ = arg;
-                    ++external;
-                } else {
-                    slot.lease_count = 0;
-                    const auto index = static_cast<std::size_t>(&arg - args.data());
-                    return detail::plan_failure(check, index, arg, end, Strategy::alignment);
-                }
-                continue;
-            }
-            const std::size_t offset = end;
-            if ((arg.bytes | offset) > small_size) [[unlikely]] {  // below it, nothing can wrap
-                std::size_t padded = 0, next = 0;
-                if (__builtin_add_overflow(arg.bytes, mask, &padded) || __builtin_add_overflow(offset, padded & ~mask, &next)) {
-                    slot.lease_count = 0;
-                    const auto index = static_cast<std::size_t>(&arg - args.data());
-                    return detail::plan_failure(detail::ArgCheck::staged, index, arg, offset, Strategy::alignment);
-                }
-            }
-            end = offset + ((arg.bytes + mask) & ~mask);
-            // Integer arithmetic: past the capacity the pointers are not used (the run grows).
-            void* const device = reinterpret_cast<void*>(base + offset);
-            *lease++ = TensorLease{arg.data,          device,  arg.bytes,
-                                   copies_back(arg.direction), ReleaseKind::BufferNoop,
-                                   nullptr,           uploads(arg.direction), arg.memory};
-            *device_arg = arg;
-            device_arg->data = device;
-            device_arg->placement = Placement::Device;
-            ++device_arg;
-        }
-        const auto count = static_cast<std::size_t>(lease - slot.lease_storage.data());
-        slot.lease_count = count;
-        slot.staged = count - external;
-        return end;
-    }
-
-    // The uploads of the leases sliced by slice(); the pageable-ring check only when a ring is set.
-    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
-        return ring_threshold_ == std::numeric_limits<std::size_t>::max() ? upload<false>(slot, stream, enqueued)
-                                                                          : upload<true>(slot, stream, enqueued);
-    }
-    template <bool Ring>
-    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
-        std::uint64_t uploaded = 0, calls = 0;
-        Status status;
-        const std::size_t ring_from = ring_threshold_;
-        for (const TensorLease& lease : slot.leases()) {
-            if (!lease.upload) continue;  // Out args, and Device args
-            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
-                status = ring_upload(lease, stream, enqueued);
-                if (!status) break;
-                ++calls;  // the arg's upload, in chunks (StagerStats::ring_chunks)
-                continue;
-            }
-            if (Status copied = async().copy_to_device_async(lease.device, lease.host, lease.bytes, stream); !copied) {
-                status = copy_failure("bind: upload", lease.bytes, copied);
-                break;
-            }
-            uploaded += lease.bytes;
-            ++calls;
-        }
-        enqueued = enqueued || calls > 0;
-        if (status.ok()) stats_.uploads_skipped += slot.staged - calls;
-        stats_.bytes_to_device += uploaded;
-        stats_.uploads += calls;
-        if constexpr (!immediate) stats_.async_uploads += calls;
-        return status;
-    }
-
     // Before a slot is used on `stream`: settle what completed; order `stream` after the
     // slot's pending work, or wait on the host when the host is about to write the mirror.
     Status make_ready(std::size_t index, Stream stream, bool host_writes_mirror) noexcept {
@@ -748,117 +524,12 @@ private:
         return {};
     }
 
-    // The staging pass: a lease and a device arg per arg, the slice of each staged arg, and its
-    // upload — enqueued directly, or gathered into the mirror for one packed upload. On error
-    // the leases taken so far are in slot.leases(), for the caller to release.
-    template <bool AllPacked>
-    Status stage(Slot& slot, std::span<const TensorArg> args, Stream stream, bool& enqueued) noexcept {
-        constexpr std::size_t limit = AllPacked ? std::numeric_limits<std::size_t>::max() : pack_limit;
-        auto* const base = static_cast<std::byte*>(slot.strategy.base());
-        std::byte* const mirror = mirror_of(slot.strategy);
-        std::array<std::size_t, 4> next = slot.layout.base;
-        TensorLease* const leases = slot.lease_storage.data();
-        TensorArg* const device_args = slot.device_args.data();
-        std::size_t count = 0;
-        std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0, host_copied = 0;
-        std::size_t external = 0;
-        Status status;
-        for (std::size_t index = 0; index < args.size(); ++index) {
-            const TensorArg& arg = args[index];
-            TensorArg& device_arg = device_args[index];
-            if (!detail::is_staged(arg)) [[unlikely]] {  // the plan refused every invalid arg
-                if (arg.bytes == 0) {
-                    device_arg = TensorArg{nullptr, 0, arg.direction, Placement::Device};
-                } else {
-                    leases[count++] = TensorLease{nullptr, arg.data, arg.bytes, false, ReleaseKind::ExternalNoop};
-                    device_arg = arg;
-                    ++external;
-                }
-                continue;
-            }
-            TensorLease& lease = leases[count];
-            std::size_t group = static_cast<std::size_t>(PackGroup::direct);
-            std::size_t offset = 0;
-            if constexpr (retained) {
-                if constexpr (limit > 0) group = static_cast<std::size_t>(detail::group_of(arg, limit));
-                offset = next[group];
-                next[group] += aligned(arg.bytes);
-                lease = TensorLease{arg.data,          base + offset, arg.bytes, copies_back(arg.direction),
-                                    ReleaseKind::BufferNoop, nullptr,        uploads(arg.direction), arg.memory};
-            } else {
-                const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
-                if (Status acquired = slot.strategy.acquire(*backend_, tensor, arg, lease, stats_); !acquired) {
-                    status = std::move(acquired);
-                    break;
-                }
-                lease.host_memory = arg.memory;
-            }
-            ++count;
-            device_arg = TensorArg{lease.device, arg.bytes, arg.direction, Placement::Device};
-            if constexpr (pack_limit > 0) {
-                if (group != static_cast<std::size_t>(PackGroup::direct)) {
-                    ++packed;
-                    std::byte* const into = mirror + offset;
-                    const bool in_place = arg.data == into;
-                    if (!in_place && inside(arg.data, mirror, mirror_capacity(slot.strategy))) {
-                        status = stale_frame_arg(index, arg, into - mirror);
-                        break;
-                    }
-                    if (!uploads(arg.direction)) {
-                        ++skipped;
-                    } else if (!in_place) {
-                        std::memcpy(into, arg.data, arg.bytes);
-                        host_copied += arg.bytes;
-                    }
-                    continue;
-                }
-            }
-            if (!uploads(arg.direction)) {
-                ++skipped;
-                continue;
-            }
-            if (lease.bytes >= ring_threshold_ && through_ring(lease)) [[unlikely]] {
-                status = ring_upload(lease, stream, enqueued);
-                if (!status) break;
-                ++calls;
-                continue;
-            }
-            if (Status copied = async().copy_to_device_async(lease.device, arg.data, arg.bytes, stream); !copied) {
-                status = copy_failure(detail::message("bind: upload of arg ", index).c_str(), arg.bytes, copied);
-                break;
-            }
-            enqueued = true;
-            uploaded += arg.bytes;
-            ++calls;
-        }
-        slot.lease_count = count;
-        slot.staged = count - external;
-        if (status.ok() && slot.layout.upload_end > 0) {
-            const std::size_t bytes = slot.layout.upload_end;  // one copy: every packed In/InOut byte
-            if (Status copied = async().copy_to_device_async(base, mirror, bytes, stream); !copied) {
-                status = copy_failure("bind: packed upload", bytes, copied);
-            } else {
-                enqueued = true;
-                slot.uses_mirror = true;
-                uploaded += bytes;
-                ++calls;
-            }
-        }
-        stats_.uploads_skipped += skipped;
-        stats_.bytes_to_device += uploaded;
-        stats_.uploads += calls;
-        stats_.packed_args += packed;
-        stats_.mirror_copy_bytes += host_copied;
-        if constexpr (!immediate) stats_.async_uploads += calls;
-        return status;
-    }
-
     // Grows slot `index` to hold `layout`, giving replaced memory back in stream order.
     Status grow(std::size_t index, const StagingLayout& layout) noexcept {
         Slot& slot = slots_[index];
         const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0};
         if constexpr (retained) {
-            const std::size_t mirror = mirror_capacity(slot.strategy);
+            const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
             if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};
             // The host frees and rewrites the mirror as it grows: no pending work may use it.
             if (slot.uses_mirror && need.mirror_bytes > mirror) settle(index);
@@ -867,7 +538,7 @@ private:
         Status grown = with_queue(slot, context, [&](FreeQueue<B>& queue) {
             return slot.strategy.prepare(*backend_, need, stats_, queue);
         });
-        note_base(slot);
+        slot.note_base(stats_);
         return grown;
     }
 
@@ -893,131 +564,19 @@ private:
         return status;
     }
 
-    void note_base(Slot& slot) noexcept {
-        void* base = slot.strategy.base();
-        if (base == nullptr || base == slot.last_base) return;
-        if (slot.had_base) ++stats_.address_changes;
-        slot.last_base = base;
-        slot.had_base = true;
-    }
-
     // A bind while other runs are live must not read or write host memory their copy-backs
     // will still write (InOut state shared across pipelined steps).
     Status check_overlap(std::size_t index, std::span<const TensorArg> args) noexcept {
-        for (std::size_t other = 0; other < slots_.size(); ++other) {
-            if (other == index || !slots_[other].live) continue;
-            for (const TensorLease& lease : slots_[other].leases()) {
-                if (!lease.copy_back) continue;
-                const auto* begin = static_cast<const std::byte*>(lease.host);
-                for (std::size_t i = 0; i < args.size(); ++i) {
-                    const TensorArg& arg = args[i];
-                    if (arg.placement != Placement::Host || arg.bytes == 0) continue;
-                    const auto* at = static_cast<const std::byte*>(arg.data);
-                    if (at < begin + lease.bytes && begin < at + arg.bytes) {
-                        return overlap_failure(i, arg, other, lease);
-                    }
-                }
-            }
-        }
-        return {};
-    }
-
-    // The copy-backs of a finish, one per copied-back lease (packed ones counted, not copied).
-    struct CopyBacks {
-        std::uint64_t calls = 0, failed = 0, packed = 0, bytes = 0;
-    };
-    template <bool Ring>
-    CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
-        CopyBacks backs;
-        const std::size_t ring_from = ring_threshold_;
-        for (const TensorLease& lease : slot.leases()) {
-            if (!lease.copy_back) continue;  // In args, and Device args (never copied back)
-            if (packed_lease(slot, lease)) {
-                ++backs.packed;
-                continue;
-            }
-            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
-                if (Status back = ring_copy_back(lease, stream); !back) {
-                    copy_back_failed(backs, first, std::move(back));
-                    continue;
-                }
-                ++backs.calls;
-                continue;
-            }
-            if (Status back = async().copy_from_device_async(lease.host, lease.device, lease.bytes, stream); !back) {
-                copy_back_failed(backs, first, copy_failure("finish: copy back", lease.bytes, back));
-                continue;
-            }
-            backs.bytes += lease.bytes;
-            ++backs.calls;
-        }
-        return backs;
-    }
-    [[gnu::cold]] static void copy_back_failed(CopyBacks& backs, Status& first, Status failure) noexcept {
-        ++backs.failed;
-        if (first.ok()) first = std::move(failure);
-    }
-
-    // ---- the pageable ring -------------------------------------------------------------------
-
-    // True when a large lease's host memory is pageable (see set_pageable_ring).
-    bool through_ring(const TensorLease& lease) const noexcept {
-        if (lease.host_memory == HostMemory::pinned) return false;
-        if (lease.host_memory == HostMemory::pageable) return true;
-        if constexpr (PinnedQueryBackend<B>) {
-            return !backend_->is_pinned(lease.host);
-        } else {
-            return true;
-        }
-    }
-
-    Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept {
-        if constexpr (PinnedHostBackend<B>) {
-            Status status = ring_->upload(*backend_, async(), lease.device, lease.host, lease.bytes, stream, stats_);
-            enqueued = true;
-            if (!status) return copy_failure("bind: upload through the pageable ring", lease.bytes, status);
-            ++stats_.ring_uploads;
-            stats_.bytes_to_device += lease.bytes;
-            if constexpr (!immediate) ++stats_.async_uploads;
-            return status;
-        } else {
-            (void)lease, (void)stream, (void)enqueued;
-            return {};
-        }
-    }
-
-    Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept {
-        if constexpr (PinnedHostBackend<B>) {
-            Status status = ring_->download(*backend_, async(), lease.host, lease.device, lease.bytes, stream, stats_);
-            if (!status) return copy_failure("finish: copy back through the pageable ring", lease.bytes, status);
-            ++stats_.ring_copy_backs;
-            stats_.bytes_from_device += lease.bytes;
-            if constexpr (!immediate) ++stats_.async_copy_backs;
-            return status;
-        } else {
-            (void)lease, (void)stream;
-            return {};
-        }
+        const std::optional<detail::Overlap> found = detail::find_overlap(std::span<Slot>(slots_), index, args);
+        if (!found) return {};
+        return detail::overlap_failure(found->arg, args[found->arg], found->slot, *found->lease, backend_->name());
     }
 
     // ---- finish, settle, release ----------------------------------------------------------
 
     Status check_run(const StagedRun& run) const noexcept {
         if (run.owner_ == static_cast<const detail::RunOwner*>(this)) return {};
-        return Status(Errc::invalid_argument,
-                      run.owner_ == nullptr
-                          ? detail::message("stager finish: the run is not live (finished, moved from, or "
-                                            "dropped by release/abandon) on backend '",
-                                            backend_->name(), "'")
-                          : detail::message("stager finish: the run belongs to another stager (backend '",
-                                            backend_->name(), "')"));
-    }
-
-    bool packed_lease(const Slot& slot, const TensorLease& lease) const noexcept {
-        if constexpr (pack_limit > 0) {
-            return lease.release_kind == ReleaseKind::BufferNoop && (slot.all_packed || lease.bytes <= pack_limit);
-        }
-        return false;
+        return detail::run_not_ours(run.owner_ == nullptr, backend_->name());
     }
 
     // Blocks until slot `index`'s pending work completed, then settles it.
@@ -1042,18 +601,7 @@ private:
             }
         }
         slot.deferred.clear();
-        if (slot.unpack && status.ok()) {
-            std::byte* const mirror = mirror_of(slot.strategy);
-            const auto* base = static_cast<const std::byte*>(slot.strategy.base());
-            for (const TensorLease& lease : slot.leases()) {
-                if (!lease.copy_back || !packed_lease(slot, lease)) continue;
-                const std::byte* from = mirror + (static_cast<const std::byte*>(lease.device) - base);
-                if (lease.host != from) {
-                    std::memcpy(lease.host, from, lease.bytes);
-                    stats_.mirror_copy_bytes += lease.bytes;
-                }
-            }
-        }
+        if (slot.unpack && status.ok()) moves().unpack(slot);
         slot.unpack = false;
         slot.uses_mirror = false;
         const std::uint64_t generation = slot.generation;
@@ -1157,31 +705,23 @@ private:
         if (index >= slots_.size()) return out_of_range("bind_slot", index);
         if constexpr (pack_limit > 0) {
             if (std::optional<SlotChoice> framed = framed_slot(args)) {
-                if (*framed && **framed != index) {
-                    return Status(Errc::invalid_argument,
-                                  with_backend(detail::message("stager bind_slot: the frame belongs to slot ", **framed,
-                                                              ", not slot ", index)));
-                }
+                if (*framed && **framed != index) return detail::frame_of_another_slot(**framed, index, backend_->name());
                 return *framed;
             }
         }
         const Slot& slot = slots_[index];
-        if (slot.live || slot.framed) {
-            return Status(Errc::busy, with_backend(detail::message("stager bind_slot: slot ", index, " holds ",
-                                                                  slot.live ? "a live run" : "an unbound frame")));
-        }
+        if (slot.live || slot.framed) return detail::slot_busy(index, slot.live, backend_->name());
         return index;
     }
 
     SlotChoice frame_slot(const HostFrame& frame) noexcept {
         if (frame.owner_ != static_cast<const void*>(this)) {
-            return Status(Errc::invalid_argument,
-                          with_backend("stager bind: the frame belongs to another stager"));
+            return Status(Errc::invalid_argument, with_backend("stager bind: the frame belongs to another stager"));
         }
         const std::optional<SlotChoice> framed = framed_slot(frame.args());
         if (framed && !*framed) return *framed;
         if (!framed || **framed != frame.slot_ || slots_[frame.slot_].frame_generation != frame.generation_) {
-            return stale_frame(frame.slot_);
+            return detail::stale_frame(frame.slot_, backend_->name());
         }
         return *framed;
     }
@@ -1195,10 +735,12 @@ private:
             const Slot& slot = slots_[index];
             any_framed = any_framed || slot.framed;
             for (const std::vector<TensorArg>& retired : slot.retired_frames) {
-                if (args.data() == retired.data()) return SlotChoice(stale_frame(index));
+                if (args.data() == retired.data()) return SlotChoice(detail::stale_frame(index, backend_->name()));
             }
             if (args.data() != slot.frame_args.data()) continue;
-            if (!slot.framed || args.size() != slot.frame_count) return SlotChoice(stale_frame(index));
+            if (!slot.framed || args.size() != slot.frame_count) {
+                return SlotChoice(detail::stale_frame(index, backend_->name()));
+            }
             return SlotChoice(index);
         }
         if (!any_framed) return std::nullopt;
@@ -1208,13 +750,9 @@ private:
             const Slot& slot = slots_[index];
             if (!slot.framed) continue;
             for (std::size_t i = 0; i < args.size(); ++i) {
-                if (args[i].bytes > 0 && inside(args[i].data, mirror_of(slot.strategy), mirror_capacity(slot.strategy))) {
-                    return SlotChoice(Status(
-                        Errc::invalid_argument,
-                        with_backend(detail::message("stager bind: arg ", i, " (", args[i].bytes,
-                                                    " bytes) points into the unbound frame of slot ", index,
-                                                    ", but the args are not that frame's own: its sizes no longer "
-                                                    "match; bind the frame's own args()"))));
+                if (args[i].bytes > 0 && detail::inside(args[i].data, detail::mirror_of(slot.strategy),
+                                                        detail::mirror_capacity_of(slot.strategy))) {
+                    return SlotChoice(detail::frame_copy(i, args[i], index, backend_->name()));
                 }
             }
         }
@@ -1244,99 +782,19 @@ private:
         return (bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
     }
 
-    static std::byte* mirror_of(const Strategy& strategy) noexcept {
-        if constexpr (pack_limit > 0) {
-            return strategy.mirror();
+    Moves moves() noexcept {
+        if constexpr (PinnedHostBackend<B>) {
+            return Moves(*backend_, async(), stats_, ring_.get(), ring_threshold_);
         } else {
-            return nullptr;
+            return Moves(*backend_, async(), stats_, nullptr, ring_threshold_);
         }
     }
-
-    static std::size_t mirror_capacity(const Strategy& strategy) noexcept {
-        if constexpr (pack_limit > 0) {
-            return strategy.mirror_capacity();
-        } else {
-            return 0;
-        }
+    std::string with_backend(std::string_view message) const { return detail::on_backend(message, backend_->name()); }
+    Status busy(const char* what) const noexcept {
+        return detail::all_slots_busy(what, slots_.size(), backend_->name());
     }
-
-    static bool inside(const void* pointer, const std::byte* begin, std::size_t bytes) noexcept {
-        const auto* at = static_cast<const std::byte*>(pointer);
-        return begin != nullptr && std::less_equal<>()(begin, at) && std::less<>()(at, begin + bytes);
-    }
-
-    template <class T>
-    static Status resize(std::vector<T>& storage, std::size_t count) noexcept {
-        if (storage.size() >= count) return {};
-#if defined(__cpp_exceptions)
-        try {
-            storage.resize(count);
-        } catch (const std::bad_alloc&) {
-            return Status(Errc::out_of_memory,
-                          detail::message("stager: host memory for ", count, " args could not be allocated"));
-        }
-#else
-        storage.resize(count);
-#endif
-        return {};
-    }
-    static Status keep(std::vector<std::vector<TensorArg>>& retired, std::vector<TensorArg>&& storage) noexcept {
-#if defined(__cpp_exceptions)
-        try {
-            retired.push_back(std::move(storage));
-        } catch (const std::bad_alloc&) {
-            return Status(Errc::out_of_memory, "stager frame: host memory for the frame's args could not be allocated");
-        }
-#else
-        retired.push_back(std::move(storage));
-#endif
-        return {};
-    }
-
-    Status size_for(Slot& slot, std::size_t count) noexcept {
-        if (Status leases = resize(slot.lease_storage, count); !leases) return leases;
-        return resize(slot.device_args, count);
-    }
-
-    std::string with_backend(const std::string& message) const {
-        return detail::message(message, " (stager on backend '", backend_->name(), "')");
-    }
-    [[gnu::cold]] Status busy(const char* what) const noexcept {
-        return Status(Errc::busy, detail::message("stager ", what, ": all ", slots_.size(),
-                                                  " pipeline slot(s) hold a live run or an unbound frame on backend '",
-                                                  backend_->name(), "'; finish or bind one first"));
-    }
-    [[gnu::cold]] Status out_of_range(const char* what, std::size_t slot) const noexcept {
-        return Status(Errc::invalid_argument, detail::message("stager ", what, ": slot ", slot, " out of range (",
-                                                              slots_.size(), " pipeline slot(s)) on backend '",
-                                                              backend_->name(), "'"));
-    }
-    [[gnu::cold]] Status stale_frame(std::size_t slot) const noexcept {
-        return Status(Errc::invalid_argument,
-                      with_backend(detail::message("stager bind: a stale frame of slot ", slot,
-                                                  " (already bound, or dropped by release; ask frame() again)")));
-    }
-    [[gnu::cold]] Status stale_frame_arg(std::size_t index, const TensorArg& arg, std::ptrdiff_t planned) const noexcept {
-        return Status(Errc::invalid_argument,
-                      with_backend(detail::message("stager bind: arg ", index, " (", arg.bytes,
-                                                  " bytes) points into this stager's frame mirror, but the layout "
-                                                  "places it at offset ",
-                                                  planned, ": a frame whose sizes no longer match; bind the frame's "
-                                                  "own args()")));
-    }
-    [[gnu::cold]] Status copy_failure(const char* what, std::size_t bytes, const Status& cause) const noexcept {
-        return Status(cause.code(), detail::message("stager ", what, " (", bytes, " bytes) failed on backend '",
-                                                    backend_->name(), "': ", cause.message()));
-    }
-    [[gnu::cold]] Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot,
-                                         const TensorLease& lease) const noexcept {
-        return Status(Errc::busy,
-                      with_backend(detail::message(
-                          "stager bind: arg ", index, " (", arg.bytes, " bytes at ", static_cast<const void*>(arg.data),
-                          ") overlaps a copied-back arg (", lease.bytes, " bytes at ", static_cast<const void*>(lease.host),
-                          ") of the live run on slot ", slot,
-                          ", which has not been finished: it would read or write stale data; finish that run first "
-                          "(finished on one stream, the copy-back is ordered before this bind's uploads)")));
+    Status out_of_range(const char* what, std::size_t slot) const noexcept {
+        return detail::slot_out_of_range(what, slot, slots_.size(), backend_->name());
     }
 
     struct NoRing {

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: the messages of a Stager's refusals and failures, built only on those paths. Each
+// names the operation, the sizes and the backend.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "devstage/detail/message.hpp"
+#include "devstage/lease.hpp"
+#include "devstage/status.hpp"
+#include "devstage/tensor.hpp"
+
+namespace devstage::detail {
+
+inline std::string on_backend(std::string_view message, std::string_view backend) {
+    return detail::message(message, " (stager on backend '", backend, "')");
+}
+
+[[gnu::cold]] inline Status all_slots_busy(const char* what, std::size_t slots, std::string_view backend) noexcept {
+    return Status(Errc::busy, message("stager ", what, ": all ", slots,
+                                      " pipeline slot(s) hold a live run or an unbound frame on backend '", backend,
+                                      "'; finish or bind one first"));
+}
+
+[[gnu::cold]] inline Status slot_out_of_range(const char* what, std::size_t slot, std::size_t slots,
+                                              std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument, message("stager ", what, ": slot ", slot, " out of range (", slots,
+                                                  " pipeline slot(s)) on backend '", backend, "'"));
+}
+
+[[gnu::cold]] inline Status slot_busy(std::size_t slot, bool live, std::string_view backend) noexcept {
+    return Status(Errc::busy, on_backend(message("stager bind_slot: slot ", slot, " holds ",
+                                                 live ? "a live run" : "an unbound frame"),
+                                         backend));
+}
+
+[[gnu::cold]] inline Status run_not_ours(bool dead, std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument,
+                  dead ? message("stager finish: the run is not live (finished, moved from, or dropped by "
+                                 "release/abandon) on backend '",
+                                 backend, "'")
+                       : message("stager finish: the run belongs to another stager (backend '", backend, "')"));
+}
+
+[[gnu::cold]] inline Status stale_frame(std::size_t slot, std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument,
+                  on_backend(message("stager bind: a stale frame of slot ", slot,
+                                     " (already bound, or dropped by release; ask frame() again)"),
+                             backend));
+}
+
+[[gnu::cold]] inline Status frame_of_another_slot(std::size_t frame_slot, std::size_t slot,
+                                                  std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument,
+                  on_backend(message("stager bind_slot: the frame belongs to slot ", frame_slot, ", not slot ", slot),
+                             backend));
+}
+
+[[gnu::cold]] inline Status frame_copy(std::size_t index, const TensorArg& arg, std::size_t slot,
+                                       std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument,
+                  on_backend(message("stager bind: arg ", index, " (", arg.bytes,
+                                     " bytes) points into the unbound frame of slot ", slot,
+                                     ", but the args are not that frame's own: its sizes no longer match; bind the "
+                                     "frame's own args()"),
+                             backend));
+}
+
+[[gnu::cold]] inline Status stale_frame_arg(std::size_t index, const TensorArg& arg, std::ptrdiff_t planned,
+                                            std::string_view backend) noexcept {
+    return Status(Errc::invalid_argument,
+                  on_backend(message("stager bind: arg ", index, " (", arg.bytes,
+                                     " bytes) points into this stager's frame mirror, but the layout places it at "
+                                     "offset ",
+                                     planned, ": a frame whose sizes no longer match; bind the frame's own args()"),
+                             backend));
+}
+
+[[gnu::cold]] inline Status copy_failure(std::string_view what, std::size_t bytes, const Status& cause,
+                                         std::string_view backend) noexcept {
+    return Status(cause.code(), message("stager ", what, " (", bytes, " bytes) failed on backend '", backend,
+                                        "': ", cause.message()));
+}
+
+[[gnu::cold]] inline Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot,
+                                            const TensorLease& lease, std::string_view backend) noexcept {
+    return Status(Errc::busy,
+                  on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
+                                     static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", lease.bytes,
+                                     " bytes at ", static_cast<const void*>(lease.host), ") of the live run on slot ",
+                                     slot,
+                                     ", which has not been finished: it would read or write stale data; finish that "
+                                     "run first (finished on one stream, the copy-back is ordered before this bind's "
+                                     "uploads)"),
+                             backend));
+}
+
+[[gnu::cold]] inline Status with_context(const Status& cause, std::string_view context,
+                                         std::string_view backend) noexcept {
+    return Status(cause.code(), on_backend(message(context, cause.message()), backend));
+}
+
+}  // namespace devstage::detail

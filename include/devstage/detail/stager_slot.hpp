@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: one pipeline slot of a Stager — its strategy (retained buffer, mirror), the
+// bookkeeping of its bound (or last finished) run, its stream-order state and its frame — and
+// the small helpers around it.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <new>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "devstage/detail/message.hpp"
+#include "devstage/detail/slot_fence.hpp"
+#include "devstage/lease.hpp"
+#include "devstage/plan.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/status.hpp"
+#include "devstage/tensor.hpp"
+
+namespace devstage {
+class StagedRun;
+}  // namespace devstage
+
+namespace devstage::detail {
+
+/// The packing limit of a strategy (0 when it does not pack).
+template <class S>
+constexpr std::size_t pack_limit_of() noexcept {
+    if constexpr (requires { S::packing::limit; }) {
+        return S::packing::limit;
+    } else {
+        return 0;
+    }
+}
+
+/// The pinned mirror of a packing strategy (null without packing).
+template <class S>
+std::byte* mirror_of(const S& strategy) noexcept {
+    if constexpr (pack_limit_of<S>() > 0) {
+        return strategy.mirror();
+    } else {
+        return nullptr;
+    }
+}
+template <class S>
+std::size_t mirror_capacity_of(const S& strategy) noexcept {
+    if constexpr (pack_limit_of<S>() > 0) {
+        return strategy.mirror_capacity();
+    } else {
+        return 0;
+    }
+}
+
+/// True when `pointer` lies in [begin, begin + bytes).
+inline bool inside(const void* pointer, const std::byte* begin, std::size_t bytes) noexcept {
+    const auto* at = static_cast<const std::byte*>(pointer);
+    return begin != nullptr && std::less_equal<>()(begin, at) && std::less<>()(at, begin + bytes);
+}
+
+/// Grows `storage` to at least `count` elements; out_of_memory instead of a throw.
+template <class T>
+Status grow_storage(std::vector<T>& storage, std::size_t count) noexcept {
+    if (storage.size() >= count) return {};
+#if defined(__cpp_exceptions)
+    try {
+        storage.resize(count);
+    } catch (const std::bad_alloc&) {
+        return Status(Errc::out_of_memory, message("stager: host memory for ", count, " args could not be allocated"));
+    }
+#else
+    storage.resize(count);
+#endif
+    return {};
+}
+
+template <class Strategy, class Async>
+struct StagerSlot {
+    using Stream = typename Async::Stream;
+
+    explicit StagerSlot(Strategy s) : strategy(std::move(s)) {}
+
+    Strategy strategy;
+    std::vector<TensorLease> lease_storage;  // only grows; the first lease_count are the run's
+    std::size_t lease_count = 0;
+    std::size_t staged = 0;              // leases of staged args (the others are Device args)
+    std::vector<TensorArg> device_args;  // only grows
+    StagingLayout layout;                // of the bound (or last finished) run
+    StagedRun* handle = nullptr;
+    bool live = false;
+    bool all_packed = false;  // the run is a frame: every staged arg in the mirror
+    SlotFence<Async> fence;
+    std::vector<void*> deferred;  // device frees waiting for the fence
+    std::uint64_t generation = 0;  // finishes so far
+    std::uint64_t settled = 0;     // generations whose results were handed out
+    bool unpack = false;           // packed outputs wait in the mirror for the host
+    bool uses_mirror = false;      // pending work reads or writes the mirror
+    Stream bind_stream{};
+    std::uint64_t bound_at = 0;  // for "the slot bound longest ago"
+    std::vector<TensorArg> frame_args;  // only grows; kept by release(): frames point here
+    std::vector<std::vector<TensorArg>> retired_frames;  // outgrown frame storage, for stale frames
+    StagingLayout frame_layout;
+    std::size_t frame_count = 0;
+    std::uint64_t frame_generation = 0;
+    bool framed = false;  // a frame is handed out and not yet bound
+    void* last_base = nullptr;  // for address_changes
+    bool had_base = false;
+
+    std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
+
+    Status size_for(std::size_t count) noexcept {
+        if (Status leases = grow_storage(lease_storage, count); !leases) return leases;
+        return grow_storage(device_args, count);
+    }
+
+    /// True when `lease` moved inside a packed copy.
+    bool packed(const TensorLease& lease) const noexcept {
+        if constexpr (pack_limit_of<Strategy>() > 0) {
+            return lease.release_kind == ReleaseKind::BufferNoop &&
+                   (all_packed || lease.bytes <= pack_limit_of<Strategy>());
+        }
+        return false;
+    }
+
+    /// Counts a move of the slot's base (a first allocation is not one).
+    void note_base(StagerStats& stats) noexcept {
+        void* base = strategy.base();
+        if (base == nullptr || base == last_base) return;
+        if (had_base) ++stats.address_changes;
+        last_base = base;
+        had_base = true;
+    }
+
+    /// Makes room for a frame of `count` args. Outgrown storage is kept: a stale frame's args
+    /// still point there, and a bind of them must be recognized, not read as freed memory.
+    Status frame_storage(std::size_t count) noexcept {
+        if (frame_args.capacity() < count && !frame_args.empty()) {
+#if defined(__cpp_exceptions)
+            try {
+                retired_frames.push_back(std::move(frame_args));
+            } catch (const std::bad_alloc&) {
+                return Status(Errc::out_of_memory, "stager frame: host memory for the frame's args could not be allocated");
+            }
+#else
+            retired_frames.push_back(std::move(frame_args));
+#endif
+            frame_args = {};
+        }
+        return grow_storage(frame_args, count);
+    }
+
+    /// Gives back the per-arg host bookkeeping (not the frame storage: frames point there).
+    void drop_bookkeeping() noexcept {
+        lease_count = staged = 0;
+        std::vector<TensorLease>().swap(lease_storage);
+        std::vector<TensorArg>().swap(device_args);
+        std::vector<void*>().swap(deferred);
+    }
+
+    std::size_t bookkeeping_bytes() const noexcept {
+        return lease_storage.capacity() * sizeof(TensorLease) + device_args.capacity() * sizeof(TensorArg) +
+               deferred.capacity() * sizeof(void*);
+    }
+};
+
+/// The first arg of a new bind that overlaps host memory a live run of another slot will still
+/// copy back: its index, the lease and the slot; nothing when there is none.
+struct Overlap {
+    std::size_t arg;
+    const TensorLease* lease;
+    std::size_t slot;
+};
+template <class Slot>
+std::optional<Overlap> find_overlap(std::span<Slot> slots, std::size_t index, std::span<const TensorArg> args) noexcept {
+    for (std::size_t other = 0; other < slots.size(); ++other) {
+        if (other == index || !slots[other].live) continue;
+        for (const TensorLease& lease : slots[other].leases()) {
+            if (!lease.copy_back) continue;
+            const auto* begin = static_cast<const std::byte*>(lease.host);
+            for (std::size_t i = 0; i < args.size(); ++i) {
+                const TensorArg& arg = args[i];
+                if (arg.placement != Placement::Host || arg.bytes == 0) continue;
+                const auto* at = static_cast<const std::byte*>(arg.data);
+                if (at < begin + lease.bytes && begin < at + arg.bytes) return Overlap{i, &lease, other};
+            }
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace devstage::detail
