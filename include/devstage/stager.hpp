@@ -204,32 +204,10 @@ public:
         const std::size_t index = *free;
         Slot& slot = slots_[index];
         settle(index);
-        if (Status sized = slot.frame_storage(shapes.size()); !sized) return sized;
-        for (std::size_t i = 0; i < shapes.size(); ++i) {
-            slot.frame_args[i] = TensorArg{this, shapes[i].bytes, shapes[i].direction, Placement::Host};
-        }
-        const std::span<const TensorArg> args(slot.frame_args.data(), shapes.size());
-        detail::PlanPass pass;
-        Status planned = pass.run<true>(args, Strategy::alignment, std::numeric_limits<std::size_t>::max(),
-                                        [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
-        Result<StagingLayout> layout = planned.ok() ? pass.finish() : Result<StagingLayout>(planned);
+        Result<StagingLayout> layout = slot.plan_frame(shapes, this);
         if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
         if (Status grown = grow(index, *layout); !grown) return grown;
-        std::array<std::size_t, 4> next = layout->base;
-        std::byte* mirror = slot.strategy.mirror();
-        for (TensorArg& arg : slot.frame_args) {
-            if (arg.bytes == 0) {
-                arg.data = nullptr;
-                continue;
-            }
-            const auto group = static_cast<std::size_t>(detail::group_of(arg, std::numeric_limits<std::size_t>::max()));
-            arg.data = mirror + next[group];
-            next[group] += aligned(arg.bytes);
-        }
-        slot.frame_layout = *layout;
-        slot.frame_count = shapes.size();
-        slot.framed = true;
-        ++slot.frame_generation;
+        const std::span<const TensorArg> args = slot.place_frame(*layout, shapes.size());
         return HostFrame(this, index, slot.frame_generation, args);
     }
 
@@ -726,37 +704,9 @@ private:
         return *framed;
     }
 
-    // The slot whose frame `args` is (a bound or dropped frame is stale: an error), or nothing
-    // when `args` is not a frame of this stager.
+    // The slot whose frame `args` is, if it is one (see detail::find_frame).
     std::optional<SlotChoice> framed_slot(std::span<const TensorArg> args) noexcept {
-        if (args.empty()) return std::nullopt;
-        bool any_framed = false;
-        for (std::size_t index = 0; index < slots_.size(); ++index) {
-            const Slot& slot = slots_[index];
-            any_framed = any_framed || slot.framed;
-            for (const std::vector<TensorArg>& retired : slot.retired_frames) {
-                if (args.data() == retired.data()) return SlotChoice(detail::stale_frame(index, backend_->name()));
-            }
-            if (args.data() != slot.frame_args.data()) continue;
-            if (!slot.framed || args.size() != slot.frame_count) {
-                return SlotChoice(detail::stale_frame(index, backend_->name()));
-            }
-            return SlotChoice(index);
-        }
-        if (!any_framed) return std::nullopt;
-        // Args that point into an unbound frame without being its own args: a copy of them,
-        // changed since. Binding them would move the frame's bytes under its own layout.
-        for (std::size_t index = 0; index < slots_.size(); ++index) {
-            const Slot& slot = slots_[index];
-            if (!slot.framed) continue;
-            for (std::size_t i = 0; i < args.size(); ++i) {
-                if (args[i].bytes > 0 && detail::inside(args[i].data, detail::mirror_of(slot.strategy),
-                                                        detail::mirror_capacity_of(slot.strategy))) {
-                    return SlotChoice(detail::frame_copy(i, args[i], index, backend_->name()));
-                }
-            }
-        }
-        return std::nullopt;
+        return detail::find_frame(std::span<const Slot>(slots_), args, backend_->name());
     }
 
     // ---- helpers -----------------------------------------------------------------------------
@@ -776,10 +726,6 @@ private:
             }
             return *own_stream_;
         }
-    }
-
-    static constexpr std::size_t aligned(std::size_t bytes) noexcept {
-        return (bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
     }
 
     Moves moves() noexcept {

@@ -4,17 +4,22 @@
 // bookkeeping of its bound (or last finished) run, its stream-order state and its frame — and
 // the small helpers around it.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <new>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "devstage/detail/message.hpp"
 #include "devstage/detail/slot_fence.hpp"
+#include "devstage/detail/stager_messages.hpp"
+#include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -80,6 +85,7 @@ Status grow_storage(std::vector<T>& storage, std::size_t count) noexcept {
 template <class Strategy, class Async>
 struct StagerSlot {
     using Stream = typename Async::Stream;
+    static constexpr std::size_t all_packed_limit = std::numeric_limits<std::size_t>::max();
 
     explicit StagerSlot(Strategy s) : strategy(std::move(s)) {}
 
@@ -152,6 +158,43 @@ struct StagerSlot {
         return grow_storage(frame_args, count);
     }
 
+    /// Lays a frame of `shapes` out in frame_args: every tensor packed (In, InOut, Out), each
+    /// TensorArg's data a non-null placeholder until place_frame().
+    Result<StagingLayout> plan_frame(std::span<const TensorShape> shapes, void* placeholder) noexcept {
+        if (Status sized = frame_storage(shapes.size()); !sized) return sized;
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+            frame_args[i] = TensorArg{placeholder, shapes[i].bytes, shapes[i].direction, Placement::Host};
+        }
+        PlanPass pass;
+        Status planned = pass.run<true>(frame(shapes.size()), Strategy::alignment, all_packed_limit,
+                                        [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
+        if (!planned) return planned;
+        return pass.finish();
+    }
+
+    /// Points the frame's args into the mirror at the offsets of `planned` and hands the frame
+    /// out (the slot is then framed until the frame is bound).
+    std::span<const TensorArg> place_frame(const StagingLayout& planned, std::size_t count) noexcept {
+        std::array<std::size_t, 4> next = planned.base;
+        std::byte* const mirror = mirror_of(strategy);
+        for (TensorArg& arg : std::span<TensorArg>(frame_args.data(), count)) {
+            if (arg.bytes == 0) {
+                arg.data = nullptr;
+                continue;
+            }
+            const auto group = static_cast<std::size_t>(group_of(arg, all_packed_limit));
+            arg.data = mirror + next[group];
+            next[group] += (arg.bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
+        }
+        frame_layout = planned;
+        frame_count = count;
+        framed = true;
+        ++frame_generation;
+        return frame(count);
+    }
+
+    std::span<const TensorArg> frame(std::size_t count) const noexcept { return {frame_args.data(), count}; }
+
     /// Gives back the per-arg host bookkeeping (not the frame storage: frames point there).
     void drop_bookkeeping() noexcept {
         lease_count = staged = 0;
@@ -165,6 +208,38 @@ struct StagerSlot {
                deferred.capacity() * sizeof(void*);
     }
 };
+
+/// The slot whose frame `args` is (a bound or dropped frame is stale: an error), or nothing when
+/// `args` is not a frame of these slots. Args that point into an unbound frame without being
+/// its own args are a changed copy of them: an error too.
+template <class Slot>
+std::optional<Result<std::size_t>> find_frame(std::span<const Slot> slots, std::span<const TensorArg> args,
+                                              std::string_view backend) noexcept {
+    if (args.empty()) return std::nullopt;
+    bool any_framed = false;
+    for (std::size_t index = 0; index < slots.size(); ++index) {
+        const Slot& slot = slots[index];
+        any_framed = any_framed || slot.framed;
+        for (const std::vector<TensorArg>& retired : slot.retired_frames) {
+            if (args.data() == retired.data()) return Result<std::size_t>(stale_frame(index, backend));
+        }
+        if (args.data() != slot.frame_args.data()) continue;
+        if (!slot.framed || args.size() != slot.frame_count) return Result<std::size_t>(stale_frame(index, backend));
+        return Result<std::size_t>(index);
+    }
+    if (!any_framed) return std::nullopt;
+    for (std::size_t index = 0; index < slots.size(); ++index) {
+        const Slot& slot = slots[index];
+        if (!slot.framed) continue;
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            if (args[i].bytes > 0 &&
+                inside(args[i].data, mirror_of(slot.strategy), mirror_capacity_of(slot.strategy))) {
+                return Result<std::size_t>(frame_copy(i, args[i], index, backend));
+            }
+        }
+    }
+    return std::nullopt;
+}
 
 /// The first arg of a new bind that overlaps host memory a live run of another slot will still
 /// copy back: its index, the lease and the slot; nothing when there is none.
