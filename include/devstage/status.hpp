@@ -73,7 +73,29 @@ public:
         message_.reset(new std::string(std::move(message)));
 #endif
     }
-    Status(const Status& other) noexcept : Status(other.code_, other.ok() ? std::string() : other.message()) {}
+    /// An error with a literal message (no std::string is made by the caller).
+    Status(Errc code, const char* message) noexcept : code_(code) {
+        if (code == Errc::ok || message == nullptr) return;
+#if defined(__cpp_exceptions)
+        try {
+            message_.reset(new std::string(message));
+        } catch (...) {  // no host memory for the message: the code still tells
+        }
+#else
+        message_.reset(new std::string(message));
+#endif
+    }
+    Status(const Status& other) noexcept : code_(other.code_) {
+        if (other.message_ == nullptr) return;
+#if defined(__cpp_exceptions)
+        try {
+            message_.reset(new std::string(*other.message_));
+        } catch (...) {
+        }
+#else
+        message_.reset(new std::string(*other.message_));
+#endif
+    }
     Status(Status&& other) noexcept = default;
     Status& operator=(const Status& other) noexcept {
         if (this != &other) *this = Status(other);

@@ -33,12 +33,23 @@ requires(!std::same_as<I, char> && !std::same_as<I, bool>) void append_piece(std
     out.append(buffer, end);
 }
 
-/// Concatenates strings, pointers (hex) and integers (decimal) into one message.
+/// Concatenates strings, pointers (hex) and integers (decimal) into one message. Used on
+/// failure paths of noexcept functions: when no host memory is left for the text, the message
+/// is empty (the Errc still tells) rather than a throw.
 template <class... Pieces>
-std::string message(const Pieces&... pieces) {
+std::string message(const Pieces&... pieces) noexcept {
     std::string out;
+#if defined(__cpp_exceptions)
+    try {
+        out.reserve(96);
+        (append_piece(out, pieces), ...);
+    } catch (...) {
+        return std::string();
+    }
+#else
     out.reserve(96);
     (append_piece(out, pieces), ...);
+#endif
     return out;
 }
 
