@@ -16,7 +16,14 @@ options = parser.parse_args()
 src, md_path, plot_base = options.json, options.markdown, options.plot_base
 data = json.load(open(src))
 ctx = data["context"]
-rows = {b["name"].removesuffix("/real_time"): b for b in data["benchmarks"] if b.get("run_type", "iteration") == "iteration"}
+# With --benchmark_repetitions, the median of the repetitions stands for each benchmark.
+rows, repetitions = {}, 1
+for b in data["benchmarks"]:
+    if b.get("run_type", "iteration") == "iteration":
+        rows.setdefault(b["name"].removesuffix("/real_time"), b)
+    elif b.get("aggregate_name") == "median":
+        rows[b["run_name"].removesuffix("/real_time")] = b
+        repetitions = max(repetitions, b.get("repetitions", 1))
 
 
 def get(name):
@@ -64,7 +71,8 @@ out = []
 w = out.append
 w("# Performance\n")
 w("Numbers on this page were produced by `./dev bench` (bench/bench_staging.cpp, rendered by")
-w("bench/render.py) in one run, every comparison side by side in the same process.\n")
+w("bench/render.py) in one run, every comparison side by side in the same process"
+  + (f"; each number is the median of {repetitions} repetitions.\n" if repetitions > 1 else ".\n"))
 w(f"Machine of this run: {model}, {cpu}, {memory}{load_text}; date {ctx.get('date', '?')}; devstage built "
   f"with `--buildtype={buildtype}` ({compiler}).\n")
 w("**The device is simulated.** There is no accelerator: every benchmark runs on `SimBackend`, whose "

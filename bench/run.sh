@@ -8,8 +8,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${1:-build-bench}
 shift || true
 out=$build/bench_staging.json
+# Three repetitions, their median reported: the machine may be shared.
 "$build/bench/bench_staging" --benchmark_out="$out" --benchmark_out_format=json \
-    --benchmark_min_time=0.2 "$@"
+    --benchmark_min_time=0.2 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true "$@"
 
 counts=$build/instructions.txt
 rm -f "$counts"
