@@ -81,6 +81,10 @@ w("**The device is simulated.** There is no accelerator: every benchmark runs on
   "threads, not a device's; the ratios are what carries over. Where the number of copies matters "
   "(section 5), the simulator's link model adds up what each copy would cost on an H200 link "
   "(`SimConfig::link`, summed in `SimStats::modeled_ns`; nothing sleeps).\n")
+if load and ctx.get("num_cpus") and load[0] > ctx["num_cpus"]:
+    w(f"The machine was shared during this run (a load average of {load[0]:.2f} on {ctx['num_cpus']} CPUs): "
+      "wall times are noisy, single rows can be outliers; the copy counts, modeled µs and instruction counts "
+      "do not depend on the load.\n")
 
 w("## 1. Bind+finish overhead per run, copies excluded\n")
 w("A backend whose copies do nothing, so only the staging bookkeeping is timed. Peers: "
