@@ -3,9 +3,15 @@
 // the JSON into docs/performance.md. Counters sit next to the times.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory_resource>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "devstage/backends/sim.hpp"
@@ -126,15 +132,25 @@ template <class Strategy>
 void BM_decode(benchmark::State& state) {
     DecodeFixture f;
     Stager<SimBackend, Strategy> stager(f.sim);
-    for (auto _ : state) {
+    const auto step = [&] {
         auto run = stager.bind(f.inputs.args);
-        if (!run || !stager.finish(std::move(*run))) state.SkipWithError("decode step failed");
+        return run && stager.finish(std::move(*run)).ok();
+    };
+    if (!step()) state.SkipWithError("decode step failed");  // outside the timing: RetainedBump grows
+    const StagerStats before = stager.stats();
+    const std::uint64_t bounced_before = f.sim.stats().bounced_bytes;
+    for (auto _ : state) {
+        if (!step()) state.SkipWithError("decode step failed");
     }
-    const auto& s = stager.stats();
-    state.counters["mallocs_per_step"] = static_cast<double>(s.device_mallocs) / static_cast<double>(s.runs);
-    state.counters["MB_per_step"] =
-        static_cast<double>(s.bytes_to_device + s.bytes_from_device) / 1e6 / static_cast<double>(s.runs);
-    state.counters["bounced_MB"] = static_cast<double>(f.sim.stats().bounced_bytes) / 1e6;
+    const StagerStats& s = stager.stats();
+    const auto steps = static_cast<double>(std::max<std::uint64_t>(s.runs - before.runs, 1));
+    state.counters["scale"] = decode_scale;
+    state.counters["mallocs_per_step"] = static_cast<double>(s.device_mallocs - before.device_mallocs) / steps;
+    state.counters["MB_per_step"] = static_cast<double>(s.bytes_to_device + s.bytes_from_device -
+                                                        before.bytes_to_device - before.bytes_from_device) /
+                                    1e6 / steps;
+    state.counters["bounced_MB_per_step"] =
+        static_cast<double>(f.sim.stats().bounced_bytes - bounced_before) / 1e6 / steps;
 }
 
 // The physical limit: a memcpy of the same bytes in and out, into one preallocated buffer.
@@ -260,6 +276,235 @@ void BM_pinned_pool(benchmark::State& state) {
 }
 BENCHMARK(BM_pinned_pool<CachingPinned>)->Name("pinned_pool/CachingPinned")->Arg(1 << 20);
 BENCHMARK(BM_pinned_pool<DirectPinned>)->Name("pinned_pool/DirectPinned")->Arg(1 << 20);
+
+// ---- 5. copies per decode step: packing, frames, stream order -----------------------------
+// A decode step is bound by the number of copies, not bytes: each costs microseconds whatever
+// its size. Two input sets in pinned memory: the small step of the H200 reference (four small
+// In tensors and one Out tensor) and the Qwen3-14B set above. Each is staged without packing,
+// packing args of at most 16 KiB, packing every arg of the small step (limit 160 KiB), and as
+// a frame written in place; synchronously, and stream-ordered (bind, finish on a stream, wait
+// on the Completion: one host wait per step). The limit: one H2D and one D2H of the same
+// bytes, modeled by the simulator's link model and timed as bare copies.
+enum class CopySet { small_step, qwen3 };
+
+constexpr std::size_t pack_all_small = 163840;  // the largest tensor of the small step
+
+struct CopyFixture {
+    SimBackend sim;
+    PinnedHostPool<SimBackend> pool{sim};
+    qwen3::PinnedStorage storage{pool};
+    std::vector<TensorArg> args;
+    std::vector<TensorShape> shapes;
+    std::uint64_t in_bytes = 0, out_bytes = 0;
+    double scale = 1;
+
+    explicit CopyFixture(CopySet set) {
+        if (set == CopySet::qwen3) {
+            scale = decode_scale;
+            args = qwen3::generate(storage, decode_scale).args;
+        } else {
+            const std::pair<std::size_t, Direction> small[] = {{163840, Direction::In},
+                                                               {2048, Direction::In},
+                                                               {128, Direction::In},
+                                                               {64, Direction::In},
+                                                               {163840, Direction::Out}};
+            for (const auto& [bytes, direction] : small) {
+                const std::span<std::byte> memory = storage.allocate(bytes);
+                if (memory.size() != bytes) {
+                    args.clear();
+                    break;
+                }
+                std::memset(memory.data(), 0x5A, bytes);
+                args.push_back(TensorArg{memory.data(), bytes, direction});
+            }
+        }
+        for (const TensorArg& arg : args) {
+            shapes.push_back(TensorShape{arg.bytes, arg.direction});
+            if (uploads(arg.direction)) in_bytes += arg.bytes;
+            if (copies_back(arg.direction)) out_bytes += arg.bytes;
+        }
+    }
+    bool ok() const { return !args.empty(); }
+
+    // The modeled packed limit: one H2D and one D2H of the step's bytes on the link model.
+    double limit_ns() const {
+        const SimLinkModel& link = sim.config().link;
+        return static_cast<double>(link.to_device_pinned.nanoseconds(in_bytes) +
+                                   link.from_device_pinned.nanoseconds(out_bytes));
+    }
+
+    // What every section-5 benchmark reports beside its time, from counter deltas over `steps`.
+    void report(benchmark::State& state, const SimStats& before, std::uint64_t steps) const {
+        const SimStats& after = sim.stats();
+        const auto n = static_cast<double>(std::max<std::uint64_t>(steps, 1));
+        const double modeled = static_cast<double>(after.modeled_ns - before.modeled_ns) / n;
+        state.counters["copies_per_step"] = static_cast<double>(after.copies_to_device + after.copies_from_device -
+                                                                before.copies_to_device - before.copies_from_device) /
+                                            n;
+        state.counters["modeled_us_per_step"] = modeled / 1e3;
+        state.counters["limit_us"] = limit_ns() / 1e3;
+        state.counters["modeled_over_limit"] = modeled / limit_ns();
+        state.counters["KB_per_step"] = static_cast<double>(in_bytes + out_bytes) / 1e3;
+        state.counters["tensors"] = static_cast<double>(args.size());
+        state.counters["scale"] = scale;
+        const SimLinkCost& link = sim.config().link.to_device_pinned;
+        state.counters["link_latency_ns"] = static_cast<double>(link.latency_ns);
+        state.counters["link_GBps"] = static_cast<double>(link.bytes_per_second) / 1e9;
+    }
+};
+
+template <class Strategy, bool InPlace, bool Streamed>
+void BM_copies(benchmark::State& state, CopySet set) {
+    CopyFixture f(set);
+    if (!f.ok()) {
+        state.SkipWithError("could not allocate the input set");
+        return;
+    }
+    std::optional<SimBackend::Stream> stream;
+    if constexpr (Streamed) {
+        auto created = f.sim.create_stream();
+        if (!created) {
+            state.SkipWithError("create_stream failed");
+            return;
+        }
+        stream = *created;
+    }
+    {
+        Stager<SimBackend, Strategy> stager(f.sim, {}, Streamed ? 2 : 1);
+        std::uint64_t token = 0;
+        const auto step = [&]() -> Status {
+            std::optional<HostFrame> frame;
+            std::span<const TensorArg> args = f.args;
+            if constexpr (InPlace) {
+                // The engine writes its inputs into the frame; one word per tensor stands in
+                // for that (the other variants reuse inputs written once).
+                Result<HostFrame> made = stager.frame(f.shapes);
+                if (!made) return made.status();
+                frame = *made;
+                ++token;
+                for (std::size_t i = 0; i < frame->size(); ++i) {
+                    if (uploads(f.shapes[i].direction)) std::memcpy(frame->host(i).data(), &token, sizeof token);
+                }
+                args = frame->args();
+            }
+            if constexpr (Streamed) {
+                auto run = stager.bind(args, *stream);
+                if (!run) return run.status();
+                auto done = stager.finish(std::move(*run), *stream);
+                if (!done) return done.status();
+                return done->wait();
+            } else {
+                auto run = stager.bind(args);
+                if (!run) return run.status();
+                return stager.finish(std::move(*run));
+            }
+        };
+        // One step per slot outside the timing: each grows its slot's buffer and mirror.
+        for (std::size_t slot = 0; slot < stager.pipeline_slots(); ++slot) {
+            if (Status warm = step(); !warm) {
+                state.SkipWithError(warm.message().c_str());
+                return;
+            }
+        }
+        const SimStats before = f.sim.stats();
+        const StagerStats stager_before = stager.stats();
+        for (auto _ : state) {
+            if (Status stepped = step(); !stepped) {
+                state.SkipWithError(stepped.message().c_str());
+                break;
+            }
+        }
+        const StagerStats& after = stager.stats();
+        const std::uint64_t steps = after.runs - stager_before.runs;
+        f.report(state, before, steps);
+        const auto n = static_cast<double>(std::max<std::uint64_t>(steps, 1));
+        state.counters["host_waits_per_step"] = static_cast<double>(after.host_waits - stager_before.host_waits) / n;
+        state.counters["packed_args_per_step"] = static_cast<double>(after.packed_args - stager_before.packed_args) / n;
+        state.counters["mirror_copy_KB_per_step"] =
+            static_cast<double>(after.mirror_copy_bytes - stager_before.mirror_copy_bytes) / 1e3 / n;
+        state.counters["device_mallocs_per_step"] =
+            static_cast<double>(after.device_mallocs - stager_before.device_mallocs) / n;
+    }
+    if (stream) (void)f.sim.destroy_stream(*stream);
+}
+
+// The limit, timed: one H2D of every input byte and one D2H of every output byte on a stream,
+// between pinned host memory and one device buffer. Synchronous: the host waits after each
+// copy, as a synchronous bind and finish must; stream-ordered: once, after both.
+template <bool Streamed>
+void BM_copies_raw(benchmark::State& state, CopySet set) {
+    CopyFixture f(set);
+    auto host_in = f.pool.allocate(std::max<std::uint64_t>(f.in_bytes, 1));
+    auto host_out = f.pool.allocate(std::max<std::uint64_t>(f.out_bytes, 1));
+    auto device = f.sim.device_malloc(f.in_bytes + f.out_bytes);
+    auto stream = f.sim.create_stream();
+    auto event = f.sim.create_event();
+    if (!f.ok() || !host_in || !host_out || !device || !stream || !event) {
+        state.SkipWithError("could not set up the raw copies");
+        return;
+    }
+    auto* const in_device = static_cast<std::byte*>(*device);
+    std::byte* const out_device = in_device + f.in_bytes;
+    std::uint64_t waits = 0;
+    const auto wait = [&] {
+        ++waits;
+        Status recorded = f.sim.record_event(*event, *stream);
+        return recorded ? f.sim.synchronize_event(*event) : recorded;
+    };
+    const auto step = [&] {
+        Status status = f.sim.copy_to_device_async(in_device, host_in->data(), f.in_bytes, *stream);
+        if (status && !Streamed) status = wait();
+        if (status) status = f.sim.copy_from_device_async(host_out->data(), out_device, f.out_bytes, *stream);
+        return status ? wait() : status;
+    };
+    Status status = step();  // outside the timing: the first touch of the device buffer faults
+    const SimStats before = f.sim.stats();
+    waits = 0;
+    std::uint64_t steps = 0;
+    for (auto _ : state) {
+        if (status) status = step();
+        if (!status) {
+            state.SkipWithError(status.message().c_str());
+            break;
+        }
+        ++steps;
+    }
+    f.report(state, before, steps);
+    state.counters["host_waits_per_step"] =
+        static_cast<double>(waits) / static_cast<double>(std::max<std::uint64_t>(steps, 1));
+    (void)f.sim.destroy_event(*event);
+    (void)f.sim.destroy_stream(*stream);
+    (void)f.sim.device_free(*device);
+}
+
+using PackDefault = RetainedBump<ExactGrowth, 1024, PackSmall<>>;
+using PackAll = RetainedBump<ExactGrowth, 1024, PackSmall<pack_all_small>>;
+
+// Registered in this order: per set, every variant synchronously, then stream-ordered.
+const bool copies_registered = [] {
+    using Bench = void (*)(benchmark::State&, CopySet);
+    const std::pair<const char*, CopySet> sets[] = {{"small_step", CopySet::small_step}, {"qwen3", CopySet::qwen3}};
+    const std::pair<const char*, Bench> sync[] = {{"NoPacking", BM_copies<RetainedBump<>, false, false>},
+                                                  {"PackSmall<16384>", BM_copies<PackDefault, false, false>},
+                                                  {"PackSmall<163840>", BM_copies<PackAll, false, false>},
+                                                  {"frame", BM_copies<PackDefault, true, false>},
+                                                  {"limit", BM_copies_raw<false>}};
+    const std::pair<const char*, Bench> streamed[] = {{"NoPacking", BM_copies<RetainedBump<>, false, true>},
+                                                      {"PackSmall<16384>", BM_copies<PackDefault, false, true>},
+                                                      {"PackSmall<163840>", BM_copies<PackAll, false, true>},
+                                                      {"frame", BM_copies<PackDefault, true, true>},
+                                                      {"limit", BM_copies_raw<true>}};
+    for (const auto& [set_name, set] : sets) {
+        for (const auto& [mode, variants] :
+             {std::pair{"sync", std::span(sync)}, std::pair{"stream", std::span(streamed)}}) {
+            for (const auto& [variant, bench] : variants) {
+                const std::string name = std::string("copies/") + set_name + "/" + variant + "/" + mode;
+                benchmark::RegisterBenchmark(name.c_str(), bench, set)->Unit(benchmark::kMicrosecond)->UseRealTime();
+            }
+        }
+    }
+    return true;
+}();
 
 }  // namespace
 

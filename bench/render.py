@@ -1,14 +1,29 @@
 #!/usr/bin/env python3
 """Renders Google Benchmark JSON from bench_staging into docs/performance.md and a gnuplot
 script for the bind-overhead plot. Every number comes from the JSON given."""
+import argparse
 import json
 import os
-import sys
+import re
 
-src, md_path, plot_base = sys.argv[1], sys.argv[2], sys.argv[3]
+parser = argparse.ArgumentParser()
+parser.add_argument("json", help="Google Benchmark JSON of bench_staging")
+parser.add_argument("markdown", help="the page to write (docs/performance.md)")
+parser.add_argument("plot_base", help="where the plot scripts go (docs/bind_overhead)")
+parser.add_argument("--instructions", help="output of bench/instructions.sh (mode and instructions per tensor)")
+parser.add_argument("--build", help="the build directory, for the compiler of this run")
+options = parser.parse_args()
+src, md_path, plot_base = options.json, options.markdown, options.plot_base
 data = json.load(open(src))
 ctx = data["context"]
-rows = {b["name"].removesuffix("/real_time"): b for b in data["benchmarks"] if b.get("run_type", "iteration") == "iteration"}
+# With --benchmark_repetitions, the median of the repetitions stands for each benchmark.
+rows, repetitions = {}, 1
+for b in data["benchmarks"]:
+    if b.get("run_type", "iteration") == "iteration":
+        rows.setdefault(b["name"].removesuffix("/real_time"), b)
+    elif b.get("aggregate_name") == "median":
+        rows[b["run_name"].removesuffix("/real_time")] = b
+        repetitions = max(repetitions, b.get("repetitions", 1))
 
 
 def get(name):
@@ -26,15 +41,50 @@ try:
     model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
 except (OSError, StopIteration):
     model = "unknown CPU"
+try:
+    memory_gb = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal")) / 2**20
+    memory = f"{memory_gb:.0f} GiB of memory"
+except (OSError, StopIteration, ValueError):
+    memory = "memory unknown"
+load = ctx.get("load_avg")
+load_text = f", load average {load[0]:.2f} at the start" if load else ""
+compiler, buildtype = "the compiler unknown", "unknown"
+if options.build:
+    try:
+        log = open(os.path.join(options.build, "meson-logs", "meson-log.txt")).read()
+        found = re.search(r"C\+\+ compiler for the host machine: \S+ \((\w+) ([\d.]+)", log)
+        if found:
+            compiler = f'{ {"gcc": "g++", "clang": "clang++"}.get(found[1], found[1]) } {found[2]}'
+        for option in json.load(open(os.path.join(options.build, "meson-info", "intro-buildoptions.json"))):
+            if option["name"] == "buildtype":
+                buildtype = option["value"]
+    except (OSError, KeyError, ValueError):
+        pass
+instructions = {}
+if options.instructions and os.path.exists(options.instructions):
+    for line in open(options.instructions):
+        parts = line.split()
+        if len(parts) == 2:
+            instructions[parts[0]] = float(parts[1])
 
 out = []
 w = out.append
 w("# Performance\n")
 w("Numbers on this page were produced by `./dev bench` (bench/bench_staging.cpp, rendered by")
-w("bench/render.py) in one run, every comparison side by side in the same process.\n")
-w(f"Machine of this run: {model}, {cpu}, date {ctx.get('date', '?')}; devstage built with "
-  "`--buildtype=release` (g++). No accelerator: device memory is the simulator's (host memory), "
-  "so absolute times are this machine's; the ratios are what carries over.\n")
+w("bench/render.py) in one run, every comparison side by side in the same process"
+  + (f"; each number is the median of {repetitions} repetitions.\n" if repetitions > 1 else ".\n"))
+w(f"Machine of this run: {model}, {cpu}, {memory}{load_text}; date {ctx.get('date', '?')}; devstage built "
+  f"with `--buildtype={buildtype}` ({compiler}).\n")
+w("**The device is simulated.** There is no accelerator: every benchmark runs on `SimBackend`, whose "
+  "device memory is this machine's RAM and whose copies are memcpy (on a worker thread per stream), or "
+  "on a backend whose copies do nothing. Wall times are therefore this machine's memory system and "
+  "threads, not a device's; the ratios are what carries over. Where the number of copies matters "
+  "(section 5), the simulator's link model adds up what each copy would cost on an H200 link "
+  "(`SimConfig::link`, summed in `SimStats::modeled_ns`; nothing sleeps).\n")
+if load and ctx.get("num_cpus") and load[0] > ctx["num_cpus"]:
+    w(f"The machine was shared during this run (a load average of {load[0]:.2f} on {ctx['num_cpus']} CPUs): "
+      "wall times are noisy, single rows can be outliers; the copy counts, modeled µs and instruction counts "
+      "do not depend on the load.\n")
 
 w("## 1. Bind+finish overhead per run, copies excluded\n")
 w("A backend whose copies do nothing, so only the staging bookkeeping is timed. Peers: "
@@ -62,10 +112,39 @@ if plot:
       "copy-back calls, the release pass — and that bookkeeping is what this measures.")
 w("\n![bind overhead vs tensor count](bind_overhead.svg)\n")
 
+w("### Instructions per tensor\n")
+w("The same work counted in instructions, which (unlike a clock) do not depend on the machine's load: "
+  "bench/instructions.cpp run under valgrind's callgrind by bench/instructions.sh — bind+finish of 1000 "
+  "tensors of 512 B to 64 KiB, In, Out and InOut in turn, over a backend whose copies do nothing; 10 runs "
+  "after a first run that grows, every instruction of the measured function and what it calls, divided "
+  "by runs × tensors. Built at -O2 whatever the build type. Goal: RetainedBump at most 60 instructions per "
+  "tensor with g++ -O2; the meson test `instructions_per_tensor` (suite `perf`, g++ builds without "
+  "sanitizers where valgrind is installed) fails above it.\n")
+if instructions:
+    w("| strategy | instructions per tensor | / prefix sum |")
+    w("| --- | ---: | ---: |")
+    prefix = instructions.get("prefix-sum")
+    labels = {"retained": "RetainedBump", "packed": "RetainedBump + PackSmall<16384> (the host copies into and out of the mirror included)",
+              "per-tensor": "PerTensorMalloc (glibc's aligned_alloc and free included)", "prefix-sum": "prefix sum of the aligned sizes"}
+    for mode, label in labels.items():
+        if mode in instructions:
+            ratio = f"{instructions[mode] / prefix:.1f}x" if prefix else "—"
+            w(f"| {label} | {instructions[mode]:.1f} | {ratio} |")
+    if "retained" in instructions:
+        r = instructions["retained"]
+        w(f"\nGoal in this run: RetainedBump costs {r:.1f} instructions per tensor "
+          f"({'met' if r <= 60 else 'not met'}: the goal is at most 60, {compiler} -O2).\n")
+else:
+    w("Not measured in this run (valgrind or the `instructions` executable was missing).\n")
+
 w("## 2. Decode steady state on SimBackend\n")
-w("The Qwen3-14B-decode-shaped set (examples/qwen3_decode.hpp) at scale 0.001, inputs in pinned "
-  "memory; time per bind+finish step, against a raw memcpy of the same bytes in and out "
-  "(the physical limit here). Goal: RetainedBump within 1.15x of raw memcpy.\n")
+decode_scale = (get("decode/RetainedBump") or {}).get("scale")
+at_scale = f" at scale {decode_scale:g}" if decode_scale else ""
+w(f"The Qwen3-14B-decode-shaped set (examples/qwen3_decode.hpp){at_scale}, inputs in pinned "
+  "memory; time per synchronous bind+finish step after one untimed step (which grows RetainedBump's "
+  "buffer), against a raw memcpy of the same bytes in and out on the calling thread (the physical limit "
+  "here; the simulator's copies run on its stream's worker thread). Goal: RetainedBump within 1.15x of "
+  "raw memcpy.\n")
 w("| variant | ms per step | / raw memcpy | device mallocs per step | MB moved per step |")
 w("| --- | ---: | ---: | ---: | ---: |")
 raw = get("decode/raw_memcpy")
@@ -118,9 +197,75 @@ for name in ("CachingPinned", "DirectPinned"):
     if b:
         w(f"| {name} | {ns(b):.0f} | {b.get('backend_allocations', 0):.0f} |")
 
+w("\n## 5. Copies per decode step: packing, frames and stream order\n")
+w("One copy call costs microseconds whatever its size, so a decode step of many small tensors is "
+  "bound by the number of copies. Two input sets in pinned memory: the **small step** of the H200 "
+  "measurements in docs/backends.md (four In tensors of 163840, 2048, 128 and 64 bytes, one Out tensor "
+  "of 163840 bytes) and the **Qwen3-14B set** of section 2 (19 tensors). Each is staged by RetainedBump "
+  "without packing (`NoPacking`), packing args of at most 16 KiB (`PackSmall<16384>`: the two "
+  "160 KiB tensors of the small step stay direct), packing every arg of the small step "
+  "(`PackSmall<163840>`), and as a frame whose inputs are written in place (`frame`: every tensor in "
+  "the pinned mirror; one word per tensor is written each step, standing in for the engine writing its "
+  "inputs there, while the other variants reuse inputs written once). **sync** is `bind(args)` + "
+  "`finish(run)`; **stream** is `bind(args, stream)` + `finish(run, stream)` + `Completion::wait()` "
+  "on two pipeline slots. The **limit** is one H2D of every input byte and one D2H of every output "
+  "byte: modeled by the link model, and timed as bare copies on a stream (sync: the host waits after "
+  "each, as a synchronous bind and finish must; stream: once).\n")
+w("Copies and modeled µs are the simulator's counters over the timed steps (`SimStats` copies and "
+  "`modeled_ns` deltas / steps); wall µs is this machine's time per step.\n")
+link_row = next((b for n, b in rows.items() if n.startswith("copies/") and "link_latency_ns" in b), None)
+if link_row:
+    w(f"Link model of this run: {link_row['link_latency_ns'] / 1e3:.3f} µs per copy plus bytes at "
+      f"{link_row['link_GBps']:.1f} GB/s from pinned memory, each way.\n")
+variants = ["NoPacking", "PackSmall<16384>", "PackSmall<163840>", "frame", "limit"]
+copy_summary = {}
+for set_name, title in (("small_step", "Small step"), ("qwen3", "Qwen3-14B set")):
+    limit_row = get(f"copies/{set_name}/limit/sync")
+    if not limit_row:
+        continue
+    if limit_row.get("scale", 1) != 1:
+        title += f" at scale {limit_row['scale']:g}"
+    w(f"### {title}: {limit_row['tensors']:.0f} tensors, {limit_row['KB_per_step']:.1f} KB per step; "
+      f"modeled limit {limit_row['limit_us']:.1f} µs\n")
+    w("| variant | mode | copies per step | modeled µs per step | / modeled limit | wall µs per step | / timed limit | host waits per step | host memcpy KB per step |")
+    w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode in ("sync", "stream"):
+        timed = get(f"copies/{set_name}/limit/{mode}")
+        for variant in variants:
+            b = get(f"copies/{set_name}/{variant}/{mode}")
+            if not b:
+                continue
+            wall = ns(b) / 1e3
+            name = "limit (one H2D + one D2H)" if variant == "limit" else variant
+            waits = f"{b['host_waits_per_step']:.1f}" if "host_waits_per_step" in b else "—"
+            memcpy = f"{b['mirror_copy_KB_per_step']:.1f}" if "mirror_copy_KB_per_step" in b else "—"
+            timed_ratio = f"{wall / (ns(timed) / 1e3):.2f}x" if timed else "—"
+            w(f"| {name} | {mode} | {b['copies_per_step']:.0f} | {b['modeled_us_per_step']:.1f} | "
+              f"{b['modeled_over_limit']:.2f}x | {wall:.1f} | {timed_ratio} | {waits} | {memcpy} |")
+            copy_summary[(set_name, variant, mode)] = b
+    w("")
+small = {k[1:]: v for k, v in copy_summary.items() if k[0] == "small_step"}
+if all(k in small for k in (("NoPacking", "stream"), ("PackSmall<16384>", "stream"), ("PackSmall<163840>", "stream"), ("frame", "stream"))):
+    none, pack16, pack_all, frame = (small[(v, "stream")] for v in ("NoPacking", "PackSmall<16384>", "PackSmall<163840>", "frame"))
+
+    def at(b):
+        return f"{b['copies_per_step']:.0f} copies, {b['modeled_us_per_step']:.1f} modeled µs ({b['modeled_over_limit']:.2f}x the limit)"
+
+    w(f"In this run the small step, stream-ordered, goes from {at(none)} without packing to {at(pack16)} with "
+      f"`PackSmall<16384>`, {at(pack_all)} with `PackSmall<163840>` and {at(frame)} as a frame. "
+      f"`PackSmall<163840>` pays for its last copies with a host memcpy of "
+      f"{pack_all['mirror_copy_KB_per_step']:.1f} KB per step into and out of the mirror (the last column); "
+      f"the frame moves the same bytes with {frame['mirror_copy_KB_per_step']:.1f} KB of host memcpy.\n")
+w("On the simulator a step's wall time is mostly handing work to a stream's worker thread and waiting "
+  "for it (a synchronous bind and finish wait twice, a stream-ordered step once: the host waits column), "
+  "so it measures this machine's thread wake-ups and memcpy, not a device's copy engine; the modeled "
+  "µs are the estimate of the copies on an H200 link.\n")
+
 w("\n## Reproduce\n")
-w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs, rewrites this page "
-  "and the plot). Extra arguments go to Google Benchmark, e.g. `./dev bench --benchmark_filter=decode`.")
+w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs the benchmarks and, where "
+  "valgrind is installed, the instruction counts, then rewrites this page and the plots). Extra "
+  "arguments go to Google Benchmark, e.g. `./dev bench --benchmark_filter=copies`; "
+  "`bench/instructions.sh build-bench/bench/instructions` prints the instruction counts alone.")
 open(md_path, "w").write("\n".join(out) + "\n")
 
 # docs/growth.md carries the same prefill table between markers.
