@@ -19,7 +19,8 @@
 
 #include "support.hpp"
 
-using PinnedBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
+using PinnedBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock,
+                                  devstage::test::DeferredMock>;
 #include "pinned_suite.hpp"
 
 using namespace devstage;
@@ -278,4 +279,260 @@ TEST_CASE("pinned: an allocation in flight while the pool is destroyed is refuse
     CHECK(mock.live_pinned_allocations() == 0);  // the late block went back, not into a dead cache
     CHECK(allocator.core()->stats().cached_blocks == 0);
     CHECK(mock.misuses() == 0);
+}
+
+// ---- pinned memory and streams over the deferred mock: failures of event calls --------------
+
+namespace {
+
+// A deferred mock with a stream, device memory, and a pool over them whose reports are counted.
+struct StreamedPool {
+    static constexpr std::size_t bytes = 4096;
+
+    explicit StreamedPool(std::size_t device_bytes = 8 * bytes) : device(*mock.device_malloc(device_bytes)) {
+        stream = *mock.create_stream();
+        pool.emplace(mock);
+        pool->set_error_sink(&pinned_suite::counting_sink);
+        pinned_suite::sink_calls = 0;
+    }
+    StreamedPool(const StreamedPool&) = delete;
+    StreamedPool& operator=(const StreamedPool&) = delete;
+    ~StreamedPool() {
+        pool.reset();
+        CHECK(mock.synchronize().ok());
+        CHECK(mock.device_free(device).ok());
+        CHECK(mock.destroy_stream(stream).ok());
+    }
+
+    // A block filled with `fill`, uploaded to device region `k` on the stream, recorded there
+    // and given back: pending. Returns its address.
+    void* pending_upload(int fill, std::size_t k = 0) {
+        auto buffer = pool->allocate(bytes);
+        REQUIRE(buffer.ok());
+        std::memset(buffer->data(), fill, bytes);
+        REQUIRE(mock.copy_to_device_async(region(k), buffer->data(), bytes, stream).ok());
+        REQUIRE(pool->record(*buffer, stream).ok());
+        void* const block = buffer->data();
+        buffer->reset();
+        return block;
+    }
+    std::byte* region(std::size_t k) const { return static_cast<std::byte*>(device) + k * bytes; }
+    bool region_holds(std::size_t k, int fill) {
+        return test::read_device(mock, region(k), bytes) == std::vector<std::byte>(bytes, static_cast<std::byte>(fill));
+    }
+
+    test::DeferredMock mock;
+    void* device;
+    MockBackend::Stream stream;
+    std::optional<PinnedHostPool<test::DeferredMock>> pool;
+};
+
+}  // namespace
+
+TEST_CASE("pinned streams: allocate queries a pending block and never waits for it", "[pinned][streams]") {
+    StreamedPool setup;
+    void* const block = setup.pending_upload(0x31);
+    std::vector<PinnedBuffer> taken;
+    for (int i = 0; i < 4; ++i) {
+        auto buffer = setup.pool->allocate(StreamedPool::bytes);
+        REQUIRE(buffer.ok());
+        // Never a host wait: the block serves only once a query found its copy completed.
+        CHECK(setup.mock.calls(MockOp::synchronize_event) == 0);
+        CHECK(setup.mock.calls(MockOp::synchronize) == 0);
+        if (buffer->data() == block) CHECK(setup.mock.pending_operations() == 0);
+        std::memset(buffer->data(), 0xEE, StreamedPool::bytes);
+        taken.push_back(std::move(*buffer));
+    }
+    // The mock answers "not ready" twice, then runs the work and answers ready.
+    CHECK(setup.pool->stats().pending_skips == 2);
+    CHECK(setup.mock.calls(MockOp::event_ready) == 3);
+    CHECK(taken[2].data() == block);
+    CHECK(setup.region_holds(0, 0x31));
+    CHECK(setup.mock.misuses() == 0);
+}
+
+TEST_CASE("pinned streams: an event that cannot be had or recorded makes the release synchronize the device",
+          "[pinned][streams][errors]") {
+    for (const MockOp op : {MockOp::create_event, MockOp::record_event}) {
+        INFO(to_string(op));
+        StreamedPool setup;
+        auto buffer = setup.pool->allocate(StreamedPool::bytes);
+        REQUIRE(buffer.ok());
+        std::memset(buffer->data(), 0x11, StreamedPool::bytes);
+        REQUIRE(
+            setup.mock.copy_to_device_async(setup.region(0), buffer->data(), StreamedPool::bytes, setup.stream).ok());
+        REQUIRE(setup.pool->record(*buffer, setup.stream).ok());
+        void* const block = buffer->data();
+        setup.mock.fail_call(op, setup.mock.calls(op) + 1);
+        buffer->reset();
+        CHECK(pinned_suite::sink_calls == 1);
+        CHECK_THAT(pinned_suite::sink_last, Catch::Contains("pinned pool release: recording an event") &&
+                                                Catch::Contains("4096-byte block") && Catch::Contains("'mock'") &&
+                                                Catch::Contains("synchronizing the device instead"));
+        CHECK(setup.mock.calls(MockOp::synchronize) == 1);  // the copy ran: the block is settled
+        CHECK(setup.pool->stats().pending_blocks == 0);
+        CHECK(setup.pool->stats().host_waits == 1);
+        auto next = setup.pool->allocate(StreamedPool::bytes);
+        REQUIRE(next.ok());
+        CHECK(next->data() == block);
+        CHECK(setup.region_holds(0, 0x11));
+        CHECK(setup.mock.live_events() == 0);  // a failed recording's event is destroyed, not reused
+        CHECK(setup.mock.misuses() == 0);
+    }
+}
+
+TEST_CASE("pinned streams: a block whose event and synchronize failed is never handed out until a wait settles it",
+          "[pinned][streams][errors]") {
+    StreamedPool setup;
+    setup.mock.fail_call(MockOp::record_event, setup.mock.calls(MockOp::record_event) + 1);
+    setup.mock.fail_call(MockOp::synchronize, 1);
+    void* const block = setup.pending_upload(0x22);
+    CHECK(pinned_suite::sink_calls == 2);
+    CHECK_THAT(pinned_suite::sink_last,
+               Catch::Contains("synchronize failed") && Catch::Contains("never reused") && Catch::Contains("'mock'"));
+    CHECK(setup.pool->stats().pending_blocks == 1);
+    const std::uint64_t queries = setup.mock.calls(MockOp::event_ready);
+    std::vector<PinnedBuffer> taken;
+    for (int i = 0; i < 4; ++i) {
+        auto buffer = setup.pool->allocate(StreamedPool::bytes);
+        REQUIRE(buffer.ok());
+        CHECK(buffer->data() != block);
+        std::memset(buffer->data(), 0xEE, StreamedPool::bytes);
+        taken.push_back(std::move(*buffer));
+    }
+    CHECK(setup.mock.calls(MockOp::event_ready) == queries);  // no event can tell: nothing is queried
+    REQUIRE(setup.pool->trim().ok());                         // synchronizes (now it works), then frees
+    CHECK(setup.pool->stats().pending_blocks == 0);
+    CHECK(setup.pool->stats().host_waits == 2);
+    CHECK(setup.region_holds(0, 0x22));
+    CHECK(setup.mock.misuses() == 0);
+}
+
+TEST_CASE("pinned streams: a failed query leaves the block pending, queried no more, until a wait",
+          "[pinned][streams][errors]") {
+    StreamedPool setup;
+    void* const block = setup.pending_upload(0x33);
+    setup.mock.fail_call(MockOp::event_ready, setup.mock.calls(MockOp::event_ready) + 1);
+    std::vector<PinnedBuffer> taken;
+    for (int i = 0; i < 4; ++i) {
+        auto buffer = setup.pool->allocate(StreamedPool::bytes);
+        REQUIRE(buffer.ok());
+        CHECK(buffer->data() != block);
+        std::memset(buffer->data(), 0xEE, StreamedPool::bytes);
+        taken.push_back(std::move(*buffer));
+    }
+    CHECK(setup.mock.calls(MockOp::event_ready) == 1);
+    CHECK(pinned_suite::sink_calls == 1);
+    CHECK_THAT(pinned_suite::sink_last, Catch::Contains("pinned pool allocate: querying the work recorded") &&
+                                            Catch::Contains("4096-byte block") && Catch::Contains("'mock'"));
+    CHECK(setup.pool->stats().pending_blocks == 1);
+    REQUIRE(setup.pool->trim().ok());
+    CHECK(setup.pool->stats().pending_blocks == 0);
+    CHECK(setup.region_holds(0, 0x33));
+    CHECK(setup.mock.misuses() == 0);
+}
+
+TEST_CASE("pinned streams: a failed wait falls back to synchronize; when both fail the block stays allocated",
+          "[pinned][streams][errors]") {
+    StreamedPool setup;
+    setup.pending_upload(0x44, 0);
+    setup.mock.fail_call(MockOp::synchronize_event, setup.mock.calls(MockOp::synchronize_event) + 1);
+    REQUIRE(setup.pool->trim().ok());  // synchronize_event failed; synchronize() settled it
+    CHECK(setup.mock.calls(MockOp::synchronize) == 1);
+    CHECK(setup.pool->stats().pending_blocks == 0);
+
+    setup.pending_upload(0x55, 1);
+    setup.mock.fail_call(MockOp::synchronize_event, setup.mock.calls(MockOp::synchronize_event) + 1);
+    setup.mock.fail_call(MockOp::synchronize, setup.mock.calls(MockOp::synchronize) + 1);
+    const Status failed = setup.pool->trim();
+    CHECK_FALSE(failed.ok());
+    CHECK_THAT(failed.message(), Catch::Contains("pinned pool trim: waiting for the work recorded on a 4096-byte") &&
+                                     Catch::Contains("'mock'") && Catch::Contains("stays allocated"));
+    CHECK(setup.pool->stats().pending_blocks == 1);  // kept, retiring: never reused
+    CHECK(setup.pool->stats().retiring_blocks == 1);
+    CHECK(setup.mock.misuses() == 0);  // nothing was freed under the pending copy
+    auto other = setup.pool->allocate(StreamedPool::bytes);
+    REQUIRE(other.ok());
+    other->reset();
+    REQUIRE(setup.pool->trim().ok());  // the next wait succeeds
+    CHECK(setup.pool->stats().pending_blocks == 0);
+    CHECK(setup.pool->stats().backend_frees == setup.pool->stats().backend_allocations);
+    CHECK(setup.region_holds(0, 0x44));
+    CHECK(setup.region_holds(1, 0x55));
+    CHECK(setup.mock.misuses() == 0);
+}
+
+TEST_CASE("pinned streams: the destruction leaves allocated a block whose work can never be waited for",
+          "[pinned][streams][errors]") {
+    StreamedPool setup;
+    setup.mock.set_error_sink(&test::quiet_sink);  // the mock reports the block it still has
+    setup.pending_upload(0x66);
+    setup.mock.fail_from(MockOp::synchronize_event, setup.mock.calls(MockOp::synchronize_event) + 1);
+    setup.mock.fail_from(MockOp::synchronize, setup.mock.calls(MockOp::synchronize) + 1);
+    setup.pool.reset();
+    CHECK(pinned_suite::sink_calls >= 2);
+    CHECK_THAT(pinned_suite::sink_last, Catch::Contains("could not be waited for stay allocated") &&
+                                            Catch::Contains("4096 bytes") && Catch::Contains("'mock'"));
+    CHECK(setup.mock.live_pinned_allocations() == 1);
+    CHECK(setup.mock.misuses() == 0);
+    setup.mock.clear_faults();
+}
+
+TEST_CASE("pinned streams: a sweep over failures of every event call never reuses or frees a block early",
+          "[pinned][streams][errors]") {
+    constexpr std::size_t region = 8192;
+    constexpr int rounds = 6, per_round = 3;
+    for (const MockOp op : {MockOp::create_event, MockOp::record_event, MockOp::event_ready, MockOp::synchronize_event,
+                            MockOp::synchronize, MockOp::destroy_event}) {
+        for (std::uint64_t k = 1;; ++k) {
+            INFO(to_string(op) << " call " << k << " fails");
+            test::DeferredMock mock(MockConfig{.sink = &test::quiet_sink});  // a failed destroy_event leaks it
+            pinned_suite::sink_calls = 0;
+            const MockBackend::Stream streams[] = {*mock.create_stream(), *mock.create_stream()};
+            auto* const device = static_cast<std::byte*>(*mock.device_malloc(rounds * per_round * region));
+            mock.fail_call(op, k);
+            {
+                PinnedHostPool<test::DeferredMock> pool(mock, CachingPinned{.max_cached_bytes = 64 << 10});
+                pool.set_error_sink(&pinned_suite::counting_sink);
+                for (int round = 0; round < rounds; ++round) {
+                    std::vector<PinnedBuffer> probes;
+                    for (int j = 0; j < per_round; ++j) {
+                        const int n = round * per_round + j;
+                        const std::size_t bytes = 1000 + static_cast<std::size_t>(j) * 2500;
+                        auto buffer = pool.allocate(bytes);
+                        REQUIRE(buffer.ok());
+                        std::memset(buffer->data(), n + 1, bytes);
+                        const auto stream = streams[j % 2];
+                        REQUIRE(mock.copy_to_device_async(device + static_cast<std::size_t>(n) * region, buffer->data(),
+                                                          bytes, stream)
+                                    .ok());
+                        REQUIRE(pool.record(*buffer, stream).ok());
+                        if (j == 1) REQUIRE(pool.record(*buffer, streams[0]).ok());
+                        buffer->reset();
+                        auto probe = pool.allocate(bytes);  // a block handed out early would hold these bytes
+                        REQUIRE(probe.ok());
+                        std::memset(probe->data(), 0xEE, bytes);
+                        probes.push_back(std::move(*probe));
+                    }
+                    if (round == 2) (void)pool.trim();
+                    if (round == 4) (void)pool.finalize();
+                }
+            }
+            mock.clear_faults();
+            CHECK(mock.synchronize().ok());
+            for (int n = 0; n < rounds * per_round; ++n) {
+                const std::size_t bytes = 1000 + static_cast<std::size_t>(n % per_round) * 2500;
+                CHECK(test::read_device(mock, device + static_cast<std::size_t>(n) * region, bytes) ==
+                      std::vector<std::byte>(bytes, static_cast<std::byte>(n + 1)));
+            }
+            CHECK(mock.misuses() == 0);
+            CHECK(mock.live_pinned_allocations() == 0);
+            CHECK(mock.live_events() == (op == MockOp::destroy_event ? 1u : 0u));
+            CHECK(pinned_suite::sink_calls > 0);  // every failure is reported, naming the backend
+            CHECK(pinned_suite::sink_last.find("'mock'") != std::string::npos);
+            CHECK(mock.device_free(device).ok());
+            for (const auto stream : streams) CHECK(mock.destroy_stream(stream).ok());
+            if (mock.calls(op) <= k) break;  // the scenario made no call k + 1
+        }
+    }
 }

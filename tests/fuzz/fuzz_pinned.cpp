@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: random sequences of buffer, raw, container (PinnedAllocator and
 // PinnedMemoryResource) and over-aligned allocations and releases, finalize, trim and pool
-// deaths on PinnedHostPools over MockBackend, including pointers the pool never gave out.
-// Buffers and containers outlive finalize() and their pool: their bytes must stay as written,
-// a container of a dead pool must refuse to grow, and after every step the mock's live pinned
-// blocks must be exactly what the cores still alive account for.
+// deaths on PinnedHostPools over MockBackend, including pointers the pool never gave out, and
+// copies enqueued on two streams from buffers, raw allocations and containers that record()
+// the stream before giving the memory back — over the eager mock and the deferred one, whose
+// copies run only when the host synchronizes. Buffers and containers outlive finalize() and
+// their pool: their bytes must stay as written, a container of a dead pool must refuse to grow,
+// every copy must deliver the bytes it was enqueued with (a block handed out or freed before
+// its copy ran would show), and after every step the mock's live pinned blocks must be exactly
+// what the cores still alive account for.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +36,11 @@ using Words = std::vector<std::uint32_t, PinnedAllocator<std::uint32_t>>;
 struct HeldBuffer {
     PinnedBuffer buffer;
     std::uint8_t fill;
+    std::uint64_t generation;  // of the pool it came from
+};
+struct HeldRaw {
+    void* pointer;
+    std::size_t bytes;
 };
 struct HeldWords {  // words[i] == seed + i
     Words words;
@@ -81,8 +91,32 @@ bool grow(Container& container, std::size_t size, Value value) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    MockBackend mock(MockConfig{
-        .offset = size % 2 == 0 ? 0 : MockBackend::device_alignment, .journal = false, .sink = &fuzz::quiet});
+    MockBackend mock(MockConfig{.offset = size % 2 == 0 ? 0 : MockBackend::device_alignment,
+                                .journal = false,
+                                .sink = &fuzz::quiet,
+                                .deferred_async = size / 2 % 2 == 1});
+    // Copies go to device slots, each used once until verify() synchronizes and checks them.
+    constexpr std::size_t slot_bytes = 256, slots = 64;
+    auto* const device = static_cast<std::byte*>(*mock.device_malloc(slots * slot_bytes));
+    const MockBackend::Stream streams[] = {*mock.create_stream(), *mock.create_stream()};
+    std::vector<std::vector<std::byte>> expected;  // what each used slot must end holding
+    const auto verify = [&] {
+        EXPECT(mock.synchronize().ok());
+        std::vector<std::byte> got(slot_bytes);
+        for (std::size_t k = 0; k < expected.size(); ++k) {
+            EXPECT(mock.copy_from_device(got.data(), device + k * slot_bytes, expected[k].size()).ok());
+            EXPECT(std::equal(expected[k].begin(), expected[k].end(), got.begin()));
+        }
+        expected.clear();
+    };
+    // Enqueues a copy of the first bytes at `host` to the next slot; the caller records it.
+    const auto upload = [&](const void* host, std::size_t bytes, MockBackend::Stream stream) {
+        if (expected.size() == slots) verify();
+        const auto* first = static_cast<const std::byte*>(host);
+        const std::size_t n = std::min(bytes, slot_bytes);
+        expected.emplace_back(first, first + n);
+        EXPECT(mock.copy_to_device_async(device + (expected.size() - 1) * slot_bytes, host, n, stream).ok());
+    };
     {
         // Declared first, so every container and aligned block dies before the resources.
         std::vector<std::unique_ptr<PinnedMemoryResource>> resources;
@@ -98,14 +132,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         };
         open_pool();
         std::vector<HeldBuffer> buffers;
-        std::vector<void*> raw;
+        std::vector<HeldRaw> raw;
         std::vector<HeldWords> words;
         std::list<HeldPmr> pmrs;  // a list: erasing moves no pmr vector (that would allocate)
         std::vector<HeldAligned> aligned;
         std::byte stranger[8]{};
         for (std::size_t i = 0; i + 2 < size; i += 3) {
             const std::size_t arg = static_cast<std::size_t>(data[i + 1]) << 8 | data[i + 2];
-            switch (data[i] % 12) {
+            const MockBackend::Stream stream = streams[data[i] / 16 % 2];
+            switch (data[i] % 16) {
                 case 0: {
                     auto b = pool->allocate(arg);
                     EXPECT(b.ok() == (arg > 0));
@@ -113,14 +148,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                         EXPECT(pool->owns(b->data()) && b->size() == arg);
                         const auto fill = static_cast<std::uint8_t>(arg * 7 + 1);
                         std::memset(b->data(), fill, arg);
-                        buffers.push_back(HeldBuffer{std::move(*b), fill});
+                        buffers.push_back(HeldBuffer{std::move(*b), fill, generation});
                     }
                     break;
                 }
                 case 1: {
                     auto p = pool->allocate_raw(arg + 1);
                     EXPECT(p.ok());
-                    raw.push_back(*p);
+                    std::memset(*p, static_cast<int>(arg * 3 + 2) & 0xFF, arg + 1);
+                    raw.push_back(HeldRaw{*p, arg + 1});
                     break;
                 }
                 case 2:
@@ -133,8 +169,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 case 3:
                     if (!raw.empty()) {
                         const std::size_t k = arg % raw.size();
-                        EXPECT(pool->release(raw[k]).ok());
-                        EXPECT(pool->release(raw[k]).code() == Errc::unknown_pointer);  // twice
+                        EXPECT(pool->release(raw[k].pointer).ok());
+                        EXPECT(pool->release(raw[k].pointer).code() == Errc::unknown_pointer);  // twice
                         raw.erase(raw.begin() + static_cast<std::ptrdiff_t>(k));
                     }
                     break;
@@ -207,6 +243,40 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     EXPECT(intact(held));
                     break;
                 }
+                case 12:  // a copy from a buffer, recorded; a buffer of a dead pool is refused
+                    if (arg % 16 == 0) {
+                        EXPECT(pool->record(PinnedBuffer(), stream).code() == Errc::invalid_argument);
+                    } else if (!buffers.empty()) {
+                        const HeldBuffer& held = buffers[arg % buffers.size()];
+                        if (held.generation == generation) {
+                            upload(held.buffer.data(), held.buffer.size(), stream);
+                            EXPECT(pool->record(held.buffer, stream).ok());
+                        } else {
+                            EXPECT(pool->record(held.buffer, stream).code() == Errc::invalid_argument);
+                        }
+                    }
+                    break;
+                case 13:  // a copy from a raw allocation, recorded
+                    if (!raw.empty()) {
+                        const HeldRaw& held = raw[arg % raw.size()];
+                        upload(held.pointer, held.bytes, stream);
+                        EXPECT(pool->record(held.pointer, stream).ok());
+                    }
+                    break;
+                case 14:  // a copy from a container's elements, recorded; the container may grow later
+                    if (!words.empty() && !words[arg % words.size()].words.empty()) {
+                        const HeldWords& held = words[arg % words.size()];
+                        if (held.generation == generation) {
+                            upload(held.words.data(), held.words.size() * sizeof(std::uint32_t), stream);
+                            EXPECT(pool->record(held.words.data(), stream).ok());
+                        } else {
+                            EXPECT(pool->record(held.words.data(), stream).code() == Errc::unknown_pointer);
+                        }
+                    }
+                    break;
+                case 15:
+                    verify();
+                    break;
                 default:  // an over-aligned block, or one given back
                     if (arg % 2 == 0 || aligned.empty()) {
                         const std::size_t alignment = std::size_t{1} << (arg % 17);
@@ -228,8 +298,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 if (!core) continue;  // gone: nothing held it, so nothing of it may be left
                 const PinnedStats stats = core->stats();
                 EXPECT(stats.cached_bytes <= (64 << 10));
-                EXPECT(stats.backend_allocations - stats.backend_frees == stats.live_allocations + stats.cached_blocks);
-                accounted += stats.live_allocations + stats.cached_blocks;
+                EXPECT(stats.backend_allocations - stats.backend_frees ==
+                       stats.live_allocations + stats.cached_blocks + stats.retiring_blocks);
+                EXPECT(stats.pending_blocks <= stats.cached_blocks + stats.retiring_blocks);
+                accounted += stats.live_allocations + stats.cached_blocks + stats.retiring_blocks;
             }
             EXPECT(mock.live_pinned_allocations() == accounted);
             EXPECT(mock.misuses() == 0);
@@ -242,6 +314,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         words.clear();
         pmrs.clear();
     }
+    verify();
     EXPECT(mock.live_pinned_allocations() == 0);
+    EXPECT(mock.live_events() == 0);  // every pool destroyed the events it made
+    EXPECT(mock.misuses() == 0);
+    EXPECT(mock.device_free(device).ok());
+    for (const auto stream : streams) EXPECT(mock.destroy_stream(stream).ok());
     return 0;
 }

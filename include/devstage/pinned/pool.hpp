@@ -32,7 +32,8 @@ public:
     /// Refuses every later allocation (through allocator copies, or one in flight), frees the
     /// cache and the raw allocations never released (nothing could release them later), and
     /// reports what buffers and containers still hold: that memory stays valid and goes back
-    /// to the backend when they give it back.
+    /// to the backend when they give it back. Blocks with recorded work are freed only after
+    /// it completed: the destructor waits for it (the host blocks). Destroys the pool's events.
     ~PinnedHostPool() {
         if (Status status = core_->close(); !status) core_->report(status);
     }
@@ -60,13 +61,39 @@ public:
     /// True when `pointer` is the start of a live allocation of this pool.
     bool owns(const void* pointer) const noexcept { return core_->owns(pointer); }
 
-    /// Frees every cached block. Allocations still live stay valid: they are counted in
-    /// stats().finalized_* and detached_*, reported to the error sink, and go back to the
-    /// backend (not the cache) when given back. The pool stays usable. Returns the first
-    /// backend failure, if any.
+    /// `B::Stream` when B models AsyncBackend (a placeholder that no call accepts otherwise).
+    using Stream = typename detail::PinnedStreamTypes<B>::Stream;
+
+    /// Remembers that work enqueued on `stream` reads or writes the buffer's memory. Nothing is
+    /// enqueued now: when the memory is given back, an event is recorded on every stream
+    /// recorded for it, and the block is reused (or freed) only once those events completed.
+    /// allocate() never waits for them: it takes another block. Call it after enqueuing the
+    /// work, before giving the memory back; recording a stream twice records it once.
+    /// `pool.record(*buffer, stream);` An empty buffer, or one of another pool, is
+    /// Errc::invalid_argument; a buffer whose memory was given back through release() is
+    /// Errc::unknown_pointer.
+    Status record(const PinnedBuffer& buffer, Stream stream) noexcept requires AsyncBackend<B> {
+        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream);
+    }
+
+    /// record() for the live allocation starting at `pointer`: a raw allocation, a buffer's
+    /// data(), or a container's memory (`vector.data()`: its block waits when the container
+    /// frees it, on growth too). Anything else is Errc::unknown_pointer.
+    Status record(const void* pointer, Stream stream) noexcept requires AsyncBackend<B> {
+        return core_->record(pointer, 0, stream);
+    }
+
+    /// Frees every cached block, first waiting for the recorded work of pending ones (the host
+    /// blocks), and the retiring blocks likewise. Allocations still live stay valid: they are
+    /// counted in stats().finalized_* and detached_*, reported to the error sink, and go back
+    /// to the backend (not the cache) when given back — after their recorded work completed.
+    /// The pool stays usable. Returns the first failure, if any: a block whose wait failed
+    /// stays allocated and is never reused.
     Status finalize() noexcept { return core_->finalize(); }
 
-    /// Frees every cached block (nothing live is touched).
+    /// Frees every cached and retiring block (nothing live is touched), first waiting for the
+    /// recorded work of pending ones: the host blocks here, never in allocate(). A block whose
+    /// wait failed stays allocated, is never reused, and the failure is returned.
     Status trim() noexcept { return core_->trim(); }
 
     PinnedStats stats() const noexcept { return core_->stats(); }
