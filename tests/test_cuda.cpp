@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// CudaBackend on a GPU: the backend contract, staging, pinned and virtual-memory suites, and
-// the stream and event calls — ordering, cross-stream waits, queries while a stream is held
-// by a host function, virtual memory from a thread that never called CUDA. Without a usable
-// GPU the executable reports itself skipped (exit code 77).
+// CudaBackend on a GPU: the backend contract, staging, pinned, virtual-memory, async contract
+// and async staging suites, and the stream and event calls — ordering, cross-stream waits,
+// queries while a stream is held by a host function, virtual memory from a thread that never
+// called CUDA. Without a usable GPU the executable reports itself skipped (exit code 77).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -18,12 +19,52 @@
 #include "devstage/backends/cuda.hpp"
 #include "support.hpp"
 
+namespace {
+/// CudaBackend without its host functions. The async staging suite's stand-in kernel copies
+/// through CUDA, which a host function must not do (cudaLaunchHostFunc): over this type the
+/// suite waits for the stream and runs the kernel on the host.
+class CudaKernelOnHost : private devstage::CudaBackend {
+public:
+    explicit CudaKernelOnHost(CudaBackend&& gpu) noexcept : CudaBackend(std::move(gpu)) {}
+    using CudaBackend::copy_from_device;
+    using CudaBackend::copy_from_device_async;
+    using CudaBackend::copy_to_device;
+    using CudaBackend::copy_to_device_async;
+    using CudaBackend::create_event;
+    using CudaBackend::create_stream;
+    using CudaBackend::destroy_event;
+    using CudaBackend::destroy_stream;
+    using CudaBackend::device_alignment;
+    using CudaBackend::device_free;
+    using CudaBackend::device_malloc;
+    using CudaBackend::Event;
+    using CudaBackend::event_ready;
+    using CudaBackend::name;
+    using CudaBackend::pinned_free;
+    using CudaBackend::pinned_malloc;
+    using CudaBackend::record_event;
+    using CudaBackend::Stream;
+    using CudaBackend::stream_wait_event;
+    using CudaBackend::synchronize_event;
+};
+static_assert(devstage::AsyncBackend<CudaKernelOnHost> && devstage::PinnedHostBackend<CudaKernelOnHost>);
+static_assert(!devstage::HostFunctionBackend<CudaKernelOnHost>);
+}  // namespace
+
 template <>
 struct devstage::test::BackendFactory<devstage::CudaBackend> {
     static std::unique_ptr<CudaBackend> make() {
         Result<CudaBackend> gpu = CudaBackend::create(0);
         REQUIRE(gpu.ok());
         return std::make_unique<CudaBackend>(std::move(*gpu));
+    }
+};
+template <>
+struct devstage::test::BackendFactory<CudaKernelOnHost> {
+    static std::unique_ptr<CudaKernelOnHost> make() {
+        Result<CudaBackend> gpu = CudaBackend::create(0);
+        REQUIRE(gpu.ok());
+        return std::make_unique<CudaKernelOnHost>(std::move(*gpu));
     }
 };
 
@@ -35,6 +76,15 @@ using VmmBackends = std::tuple<devstage::CudaBackend>;
 #include "pinned_suite.hpp"
 #include "staging_suite.hpp"
 #include "vmm_suite.hpp"
+
+// The stream-ordered suites. Left out, because CUDA does not promise them (main() below
+// excludes them from every run): the "[stale-handle]" case — destroying a stream or an event
+// twice is undefined; and the "[errors]" case — cudaMalloc rounds allocations up, so a copy
+// that overruns one by a byte may be accepted at the call (and fault later, or not at all).
+using AsyncBackends = std::tuple<devstage::CudaBackend>;
+using AsyncStagingBackends = std::tuple<CudaKernelOnHost>;
+#include "async_contract.hpp"
+#include "async_staging_suite.hpp"
 
 using namespace devstage;
 
@@ -199,11 +249,17 @@ TEST_CASE("cuda gpu: virtual memory works from a thread that never called CUDA",
     CHECK(round_trip);
 }
 
+// Runs what the command line selects, less the cases CUDA does not promise (see the suites
+// above); without a usable GPU, nothing (exit code 77: skipped).
 int main(int argc, char** argv) {
     auto gpu = devstage::CudaBackend::create(0);
     if (!gpu) {
         std::printf("skipped: %s\n", gpu.status().message().c_str());
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    Catch::Session session;
+    if (const int bad = session.applyCommandLine(argc, argv); bad != 0) return bad;
+    session.configData().testsOrTags.emplace_back("~[stale-handle]");
+    session.configData().testsOrTags.emplace_back("~[errors]");
+    return session.run();
 }

@@ -2,10 +2,11 @@
 // CudaBackend on any machine. Loading: a missing library or entry point is library_not_found
 // naming it; a runtime that loads but finds no GPU (as on CI) is a clean not_supported; a
 // missing or incapable driver only turns virtual memory off. Then the backend over
-// tests/cuda_shim/ — a stand-in runtime and driver — runs the contract, staging, pinned and
-// virtual-memory suites, and its stream, event and driver calls are checked for what they
-// send: flags, devices, the primary context, messages. Where cuda.h is installed, the ABI
-// declarations of cuda.hpp are checked against it.
+// tests/cuda_shim/ — a stand-in runtime and driver — runs the contract, staging, pinned,
+// virtual-memory, async contract and async staging suites, and its stream, event and driver
+// calls are checked for what they send: flags, devices, the primary context, messages. Where
+// cuda.h is installed, the ABI declarations of cuda.hpp are checked against it.
+#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -80,6 +82,36 @@ devstage::CudaBackend make_on_shim(int device) {
     REQUIRE(backend.ok());
     return std::move(*backend);
 }
+
+/// CudaBackend without its host functions. The async staging suite's stand-in kernel copies
+/// through CUDA, which a host function must not do (the stand-in refuses it, as CUDA may):
+/// over this type the suite waits for the stream and runs the kernel on the host.
+class CudaKernelOnHost : private devstage::CudaBackend {
+public:
+    explicit CudaKernelOnHost(CudaBackend&& gpu) noexcept : CudaBackend(std::move(gpu)) {}
+    using CudaBackend::copy_from_device;
+    using CudaBackend::copy_from_device_async;
+    using CudaBackend::copy_to_device;
+    using CudaBackend::copy_to_device_async;
+    using CudaBackend::create_event;
+    using CudaBackend::create_stream;
+    using CudaBackend::destroy_event;
+    using CudaBackend::destroy_stream;
+    using CudaBackend::device_alignment;
+    using CudaBackend::device_free;
+    using CudaBackend::device_malloc;
+    using CudaBackend::Event;
+    using CudaBackend::event_ready;
+    using CudaBackend::name;
+    using CudaBackend::pinned_free;
+    using CudaBackend::pinned_malloc;
+    using CudaBackend::record_event;
+    using CudaBackend::Stream;
+    using CudaBackend::stream_wait_event;
+    using CudaBackend::synchronize_event;
+};
+static_assert(devstage::AsyncBackend<CudaKernelOnHost> && devstage::PinnedHostBackend<CudaKernelOnHost>);
+static_assert(!devstage::HostFunctionBackend<CudaKernelOnHost>);
 }  // namespace
 
 template <>
@@ -87,6 +119,14 @@ struct devstage::test::BackendFactory<devstage::CudaBackend> {
     static std::unique_ptr<CudaBackend> make(std::size_t capacity = std::size_t{1} << 32) {
         CudaShim::get().set_capacity(0, capacity);
         return std::make_unique<CudaBackend>(make_on_shim(0));
+    }
+};
+
+template <>
+struct devstage::test::BackendFactory<CudaKernelOnHost> {
+    static std::unique_ptr<CudaKernelOnHost> make() {
+        CudaShim::get().set_capacity(0, std::size_t{1} << 32);
+        return std::make_unique<CudaKernelOnHost>(make_on_shim(0));
     }
 };
 
@@ -98,6 +138,17 @@ using VmmBackends = std::tuple<devstage::CudaBackend>;
 #include "pinned_suite.hpp"
 #include "staging_suite.hpp"
 #include "vmm_suite.hpp"
+
+// The stream-ordered suites. The stand-in's streams run their work inside the enqueuing call
+// and its host functions run there too, on the test's thread: the cases that hold a stream
+// with a host function see it run inline and check the order of the calls, not the
+// asynchrony (test_cuda does, on a GPU). Left out: the "[stale-handle]" case — CUDA leaves
+// the use of a destroyed stream or event undefined, so what the stand-in answers proves
+// nothing about CUDA; main() below excludes it from every run.
+using AsyncBackends = std::tuple<devstage::CudaBackend>;
+using AsyncStagingBackends = std::tuple<CudaKernelOnHost>;
+#include "async_contract.hpp"
+#include "async_staging_suite.hpp"
 
 using namespace devstage;
 
@@ -222,6 +273,33 @@ TEST_CASE("cuda: streams and events are made on the backend's device with the do
     CHECK(shim.live(CudaShim::streams) == streams - 1);
     CHECK(shim.live(CudaShim::events) == events - 1);
     CHECK(one.device_free(*device).ok());
+}
+
+TEST_CASE("cuda: a CUDA call from a host function is refused by the stand-in and reported", "[cuda][async]") {
+    // cudaLaunchHostFunc: the function must not call CUDA. The stand-in refuses such a call
+    // (cudaErrorNotPermitted, as CUDA may), so a test whose host function calls CUDA fails here
+    // as it would on a GPU; the async staging suite runs over CudaKernelOnHost for that reason.
+    CudaBackend gpu = make_on_shim(0);
+    auto stream = gpu.create_stream();
+    REQUIRE(stream.ok());
+    struct Inside {
+        CudaBackend* gpu;
+        Status status;
+    } inside{&gpu, {}};
+    REQUIRE(gpu.launch_host_func(
+                   *stream,
+                   [](void* data) {
+                       auto* in = static_cast<Inside*>(data);
+                       in->status = in->gpu->device_malloc(64).status();
+                   },
+                   &inside)
+                .ok());
+    CHECK(inside.status.code() == Errc::backend_failure);
+    CHECK_THAT(inside.status.message(), Catch::Contains("cudaError 800 (operation not permitted)"));
+    auto device = gpu.device_malloc(64);  // outside a host function, calls work again
+    REQUIRE(device.ok());
+    CHECK(gpu.device_free(*device).ok());
+    CHECK(gpu.destroy_stream(*stream).ok());
 }
 
 TEST_CASE("cuda: event_ready reads cudaErrorNotReady as false, never as an error", "[cuda][async]") {
@@ -448,3 +526,11 @@ TEST_CASE("cuda: the ABI declarations match the installed cuda.h", "[cuda]") {
     SUCCEED("checked at compile time");
 }
 #endif
+
+// Runs what the command line selects, less the "[stale-handle]" case (see the suites above).
+int main(int argc, char** argv) {
+    Catch::Session session;
+    if (const int bad = session.applyCommandLine(argc, argv); bad != 0) return bad;
+    session.configData().testsOrTags.emplace_back("~[stale-handle]");
+    return session.run();
+}

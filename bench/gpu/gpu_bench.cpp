@@ -1,13 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
-// The seeds' claims measured on an NVIDIA GPU through CudaBackend:
-//  1. decode steady state, RetainedBump vs PerTensorMalloc, on the Qwen3-14B-decode-shaped set;
-//  2. host-to-device and device-to-host throughput from pinned vs pageable memory;
-//  3. cudaHostAlloc cost vs a PinnedHostPool cache hit.
-// Usage: gpu_bench [scale (default 1.0)] [steps (default 4)]
+// devstage on an NVIDIA GPU through CudaBackend, all in one process:
+//  1. one decode step staged each way devstage offers — synchronous per tensor, stream-ordered
+//     per tensor, PackSmall, in-place frames — next to the raw limits measured through the same
+//     backend (cudaMemcpy per tensor, cudaMemcpyAsync per tensor + one wait, one packed copy
+//     each way + one wait), for the small decode step and the 19-tensor Qwen3-14B set: copies
+//     and microseconds per step, and the in-place frame against the packed limit;
+//  2. decode steady state, RetainedBump vs PerTensorMalloc, on the Qwen3 set;
+//  3. host-to-device and device-to-host throughput from pinned vs pageable memory;
+//  4. cudaHostAlloc cost vs a PinnedHostPool cache hit.
+// No CUDA header is needed: the runtime (and, for the device's name, the driver and NVML) are
+// loaded at run time. Without a usable GPU it says so and exits with 77.
+// Usage: gpu_bench [--steps N] [--set-scale S] [--set-steps N] [--scale S] [--scale-steps N]
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "devstage/backends/cuda.hpp"
@@ -18,13 +35,491 @@ using namespace devstage;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-double ms_since(Clock::time_point start) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+
+struct Options {
+    int steps = 3000;          // measured steps of the small decode step, per way of staging
+    double set_scale = 0.002;  // the Qwen3 set of section 1
+    int set_steps = 300;
+    double scale = 0.02;  // the Qwen3 set of sections 2 and 3
+    int scale_steps = 10;
+};
+
+[[noreturn]] void usage(const char* argv0) {
+    std::fprintf(stderr,
+                 "usage: %s [--steps N (3000)] [--set-scale S (0.002)] [--set-steps N (300)] [--scale S (0.02)] "
+                 "[--scale-steps N (10)]\n",
+                 argv0);
+    std::exit(2);
 }
-double median(std::vector<double> v) {
+
+// A whole argument read as a number; usage() otherwise.
+double number(const char* text, const char* argv0) {
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (end == text || *end != '\0') usage(argv0);
+    return value;
+}
+
+Options parse(int argc, char** argv) {
+    Options options;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view flag = argv[i];
+        if (i + 1 >= argc) usage(argv[0]);
+        const double value = number(argv[++i], argv[0]);
+        const int count = value >= 0 && value <= 1e8 ? static_cast<int>(value) : -1;
+        if (flag == "--steps") {
+            options.steps = count;
+        } else if (flag == "--set-scale") {
+            options.set_scale = value;
+        } else if (flag == "--set-steps") {
+            options.set_steps = count;
+        } else if (flag == "--scale") {
+            options.scale = value;
+        } else if (flag == "--scale-steps") {
+            options.scale_steps = count;
+        } else {
+            usage(argv[0]);
+        }
+    }
+    if (options.steps < 10 || options.set_steps < 10 || options.scale_steps < 2 || options.set_scale <= 0 ||
+        options.scale <= 0) {
+        usage(argv[0]);
+    }
+    return options;
+}
+
+[[noreturn]] void fail(std::string_view what, const Status& status) {
+    std::fprintf(stderr, "%.*s failed: %s\n", static_cast<int>(what.size()), what.data(), status.message().c_str());
+    std::exit(1);
+}
+
+double us_since(Clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
     std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
+    return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
 }
+
+std::size_t align_up(std::size_t n, std::size_t a) {
+    return (n + a - 1) / a * a;
+}
+
+// ---- what the process runs on -------------------------------------------------------------
+
+// The CUDA runtime, found as CudaBackend finds it ($DEVSTAGE_CUDART_LIBRARY, then the usual
+// names), else a copy next to this executable (run.sh --build-only puts one there).
+struct Runtime {
+    std::string name;  // what CudaBackend::create is given
+    std::string path;  // the file the loader mapped
+    int runtime_version = 0, driver_version = 0;
+};
+
+std::string executable_dir() {
+    char buffer[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+    if (n <= 0) return ".";
+    std::string path(buffer, static_cast<std::size_t>(n));
+    return path.substr(0, path.rfind('/'));
+}
+
+Runtime find_runtime() {
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("DEVSTAGE_CUDART_LIBRARY"); env != nullptr && *env != '\0') {
+        candidates.emplace_back(env);
+    }
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) candidates.emplace_back(name);
+    candidates.push_back(executable_dir() + "/libcudart.so.13");
+    Runtime runtime;
+    for (const std::string& candidate : candidates) {
+        void* handle = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (handle == nullptr) continue;
+        runtime.name = candidate;
+        using Version = int (*)(int*);
+        auto runtime_version = reinterpret_cast<Version>(::dlsym(handle, "cudaRuntimeGetVersion"));
+        auto driver_version = reinterpret_cast<Version>(::dlsym(handle, "cudaDriverGetVersion"));
+        if (runtime_version != nullptr) (void)runtime_version(&runtime.runtime_version);
+        if (driver_version != nullptr) (void)driver_version(&runtime.driver_version);
+        Dl_info info{};
+        if (runtime_version != nullptr && ::dladdr(reinterpret_cast<void*>(runtime_version), &info) != 0 &&
+            info.dli_fname != nullptr) {
+            runtime.path = info.dli_fname;
+        }
+        break;  // kept loaded: CudaBackend opens the same library
+    }
+    return runtime;
+}
+
+std::string cuda_version(int v) {
+    if (v <= 0) return "unknown";
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+// The device's name and memory (driver API) and the driver's release (NVML), where present.
+void print_device(const Runtime& runtime, int device) {
+    std::string name = "unknown", memory = "unknown", release = "unknown";
+    if (void* cuda = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); cuda != nullptr) {
+        auto init = reinterpret_cast<int (*)(unsigned)>(::dlsym(cuda, "cuInit"));
+        auto get = reinterpret_cast<int (*)(int*, int)>(::dlsym(cuda, "cuDeviceGet"));
+        auto get_name = reinterpret_cast<int (*)(char*, int, int)>(::dlsym(cuda, "cuDeviceGetName"));
+        auto total = reinterpret_cast<int (*)(std::size_t*, int)>(::dlsym(cuda, "cuDeviceTotalMem_v2"));
+        int handle = 0;
+        if (init != nullptr && get != nullptr && init(0) == 0 && get(&handle, device) == 0) {
+            char text[256] = {};
+            if (get_name != nullptr && get_name(text, sizeof text, handle) == 0) name = text;
+            std::size_t bytes = 0;
+            if (total != nullptr && total(&bytes, handle) == 0) {
+                memory = std::to_string(bytes >> 20) + " MiB";
+            }
+        }
+    }
+    if (void* nvml = ::dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL); nvml != nullptr) {
+        auto init = reinterpret_cast<int (*)()>(::dlsym(nvml, "nvmlInit_v2"));
+        auto version = reinterpret_cast<int (*)(char*, unsigned)>(::dlsym(nvml, "nvmlSystemGetDriverVersion"));
+        auto shutdown = reinterpret_cast<int (*)()>(::dlsym(nvml, "nvmlShutdown"));
+        if (init != nullptr && version != nullptr && init() == 0) {
+            char text[96] = {};
+            if (version(text, sizeof text) == 0) release = text;
+            if (shutdown != nullptr) (void)shutdown();
+        }
+    }
+    std::printf("GPU %d: %s, %s\n", device, name.c_str(), memory.c_str());
+    std::printf("driver %s (supports CUDA %s); CUDA runtime %s from %s\n", release.c_str(),
+                cuda_version(runtime.driver_version).c_str(), cuda_version(runtime.runtime_version).c_str(),
+                runtime.path.empty() ? runtime.name.c_str() : runtime.path.c_str());
+}
+
+// ---- section 1: one decode step, each way ---------------------------------------------------
+
+// One way of staging a step: `step()` runs one, `copies()` and `bytes()` count what the steps
+// so far moved (copy calls, bytes either way).
+struct Way {
+    std::string label;
+    std::function<Status()> step;
+    std::function<std::uint64_t()> copies;
+    std::function<std::uint64_t()> bytes;
+};
+
+struct Measured {
+    double median_us = 0, p90_us = 0, copies = 0, bytes = 0;
+};
+
+// Runs every way `warmup` steps, then `steps` more in rounds, so that slow drifts of the
+// machine spread over all of them; per-step times are medians over the measured steps.
+std::vector<Measured> measure(std::vector<Way>& ways, int warmup, int steps) {
+    constexpr int rounds = 10;
+    std::vector<std::vector<double>> samples(ways.size());
+    std::vector<std::uint64_t> copies(ways.size()), bytes(ways.size());
+    for (Way& way : ways) {
+        for (int i = 0; i < warmup; ++i) {
+            if (Status s = way.step(); !s) fail(way.label, s);
+        }
+    }
+    for (std::size_t w = 0; w < ways.size(); ++w) {
+        copies[w] = ways[w].copies();
+        bytes[w] = ways[w].bytes();
+    }
+    for (int round = 0; round < rounds; ++round) {
+        const int count = steps / rounds + (round < steps % rounds ? 1 : 0);
+        for (std::size_t w = 0; w < ways.size(); ++w) {
+            for (int i = 0; i < count; ++i) {
+                const auto start = Clock::now();
+                if (Status s = ways[w].step(); !s) fail(ways[w].label, s);
+                samples[w].push_back(us_since(start));
+            }
+        }
+    }
+    std::vector<Measured> out;
+    for (std::size_t w = 0; w < ways.size(); ++w) {
+        out.push_back({percentile(samples[w], 0.5), percentile(samples[w], 0.9),
+                       static_cast<double>(ways[w].copies() - copies[w]) / steps,
+                       static_cast<double>(ways[w].bytes() - bytes[w]) / steps});
+    }
+    return out;
+}
+
+using PerTensor = RetainedBump<>;
+using Packed = RetainedBump<ExactGrowth, 1024, PackSmall<16384>>;
+constexpr std::size_t all_five_limit = 262144;  // above 163840: packs every tensor of the small step
+using PackedAll = RetainedBump<ExactGrowth, 1024, PackSmall<all_five_limit>>;
+
+std::uint64_t stager_copies(const StagerStats& s) {
+    return s.uploads + s.copy_backs;
+}
+std::uint64_t stager_bytes(const StagerStats& s) {
+    return s.bytes_to_device + s.bytes_from_device;
+}
+
+template <class Strategy>
+Way synchronous_way(std::string label, CudaBackend& gpu, std::span<const TensorArg> args) {
+    auto stager = std::make_shared<Stager<CudaBackend, Strategy>>(gpu);
+    return {std::move(label),
+            [stager, args]() -> Status {
+                Result<StagedRun> run = stager->bind(args);
+                if (!run) return run.status();
+                return stager->finish(std::move(*run));
+            },
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+}
+
+template <class Strategy>
+Way stream_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
+    auto stager = std::make_shared<Stager<CudaBackend, Strategy>>(gpu);
+    return {std::move(label),
+            [stager, stream, args]() -> Status {
+                Result<StagedRun> run = stager->bind(args, stream);
+                if (!run) return run.status();
+                Result<Completion> done = stager->finish(std::move(*run), stream);
+                if (!done) return done.status();
+                return done->wait();
+            },
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+}
+
+// In-place frames: the inputs are written into the frame (here: a step number stamped into
+// each input, the rest left from the first step, which copies the whole set in), bound, and
+// finished; the output is read after the wait.
+Way frame_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
+    auto stager = std::make_shared<Stager<CudaBackend, Packed>>(gpu);
+    auto shapes = std::make_shared<std::vector<TensorShape>>();
+    for (const TensorArg& arg : args) shapes->push_back({arg.bytes, arg.direction});
+    auto state = std::make_shared<std::uint64_t>(0);
+    return {std::move(label),
+            [stager, shapes, state, stream, args]() -> Status {
+                Result<HostFrame> frame = stager->frame(*shapes);
+                if (!frame) return frame.status();
+                const std::uint64_t step = (*state)++;
+                for (std::size_t i = 0; i < frame->size(); ++i) {
+                    const std::span<std::byte> host = frame->host(i);
+                    if (args[i].direction == Direction::Out) continue;
+                    if (step == 0) std::memcpy(host.data(), args[i].data, host.size());
+                    std::memcpy(host.data(), &step, std::min(sizeof step, host.size()));
+                }
+                Result<StagedRun> run = stager->bind(*frame, stream);
+                if (!run) return run.status();
+                Result<Completion> done = stager->finish(std::move(*run), stream);
+                if (!done) return done.status();
+                if (Status waited = done->wait(); !waited) return waited;
+                volatile std::byte first = frame->host(frame->size() - 1)[0];
+                (void)first;
+                return {};
+            },
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+}
+
+// Device memory, a pinned packed buffer and an event for the raw ways, freed with it.
+struct RawTarget {
+    CudaBackend& gpu;
+    CudaBackend::Stream stream;
+    CudaBackend::Event event{};
+    std::byte* device = nullptr;
+    std::byte* packed = nullptr;  // pinned, laid out In | InOut | Out at 1024, as a frame
+    std::vector<std::size_t> offsets;
+    std::size_t total = 0;
+    // The packed copies: [0, upload_end) up, [copy_back_begin, copy_back_end) back.
+    std::size_t upload_end = 0, copy_back_begin = 0, copy_back_end = 0;
+
+    RawTarget(CudaBackend& g, CudaBackend::Stream s, std::span<const TensorArg> args) : gpu(g), stream(s) {
+        offsets.resize(args.size());
+        for (const Direction group : {Direction::In, Direction::InOut, Direction::Out}) {
+            if (group == Direction::InOut) copy_back_begin = total;
+            for (std::size_t i = 0; i < args.size(); ++i) {
+                if (args[i].direction != group) continue;
+                offsets[i] = total;
+                total += align_up(args[i].bytes, 1024);
+                if (group != Direction::Out) upload_end = offsets[i] + args[i].bytes;
+                if (group != Direction::In) copy_back_end = offsets[i] + args[i].bytes;
+            }
+        }
+        copy_back_begin = std::min(copy_back_begin, copy_back_end);
+        Result<void*> d = gpu.device_malloc(total);
+        if (!d) fail("raw: device_malloc", d.status());
+        device = static_cast<std::byte*>(*d);
+        Result<void*> p = gpu.pinned_malloc(total);
+        if (!p) fail("raw: pinned_malloc", p.status());
+        packed = static_cast<std::byte*>(*p);
+        for (std::size_t i = 0; i < args.size(); ++i) std::memcpy(packed + offsets[i], args[i].data, args[i].bytes);
+        Result<CudaBackend::Event> e = gpu.create_event();
+        if (!e) fail("raw: create_event", e.status());
+        event = *e;
+    }
+    RawTarget(const RawTarget&) = delete;
+    RawTarget& operator=(const RawTarget&) = delete;
+    ~RawTarget() {
+        (void)gpu.destroy_event(event);
+        (void)gpu.pinned_free(packed);
+        (void)gpu.device_free(device);
+    }
+    Status wait() {
+        if (Status s = gpu.record_event(event, stream); !s) return s;
+        return gpu.synchronize_event(event);
+    }
+};
+
+// What one raw way moved so far.
+struct Counted {
+    std::uint64_t copies = 0, bytes = 0;
+    void add(std::size_t n) {
+        ++copies;
+        bytes += n;
+    }
+};
+
+Way raw_way(std::string label, const std::function<Status(RawTarget&, Counted&)>& step,
+            const std::shared_ptr<RawTarget>& raw) {
+    auto counted = std::make_shared<Counted>();
+    return {std::move(label), [raw, counted, step] { return step(*raw, *counted); },
+            [counted] { return counted->copies; }, [counted] { return counted->bytes; }};
+}
+
+// Per tensor, to or from the tensor's place in the device buffer: In and InOut up, then InOut
+// and Out back.
+template <class Up, class Down>
+Status per_tensor(std::span<const TensorArg> args, RawTarget& raw, Counted& counted, Up up, Down down) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (args[i].direction == Direction::Out) continue;
+        if (Status s = up(raw.device + raw.offsets[i], args[i].data, args[i].bytes); !s) return s;
+        counted.add(args[i].bytes);
+    }
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (args[i].direction == Direction::In) continue;
+        if (Status s = down(args[i].data, raw.device + raw.offsets[i], args[i].bytes); !s) return s;
+        counted.add(args[i].bytes);
+    }
+    return {};
+}
+
+std::vector<Way> raw_ways(const std::shared_ptr<RawTarget>& raw, std::span<const TensorArg> args) {
+    std::vector<Way> ways;
+    ways.push_back(raw_way(
+        "raw: cudaMemcpy per tensor",
+        [args](RawTarget& r, Counted& c) {
+            return per_tensor(
+                args, r, c, [&r](void* d, const void* h, std::size_t n) { return r.gpu.copy_to_device(d, h, n); },
+                [&r](void* h, const void* d, std::size_t n) { return r.gpu.copy_from_device(h, d, n); });
+        },
+        raw));
+    ways.push_back(raw_way(
+        "raw: cudaMemcpyAsync per tensor + 1 wait",
+        [args](RawTarget& r, Counted& c) {
+            Status enqueued = per_tensor(
+                args, r, c,
+                [&r](void* d, const void* h, std::size_t n) { return r.gpu.copy_to_device_async(d, h, n, r.stream); },
+                [&r](void* h, const void* d, std::size_t n) {
+                    return r.gpu.copy_from_device_async(h, d, n, r.stream);
+                });
+            return enqueued ? r.wait() : enqueued;
+        },
+        raw));
+    ways.push_back(raw_way(
+        "raw: packed, 1 H2D + 1 D2H async + 1 wait",
+        [](RawTarget& r, Counted& c) -> Status {
+            if (Status s = r.gpu.copy_to_device_async(r.device, r.packed, r.upload_end, r.stream); !s) return s;
+            c.add(r.upload_end);
+            const std::size_t back = r.copy_back_end - r.copy_back_begin;
+            if (Status s = r.gpu.copy_from_device_async(r.packed + r.copy_back_begin, r.device + r.copy_back_begin,
+                                                        back, r.stream);
+                !s) {
+                return s;
+            }
+            c.add(back);
+            return r.wait();
+        },
+        raw));
+    return ways;
+}
+
+// The order all_ways() lists them in.
+enum : std::size_t {
+    way_synchronous,
+    way_stream,
+    way_packed,
+    way_packed_all,
+    way_frame,
+    way_raw_memcpy,
+    way_raw_async,
+    way_raw_packed,
+    way_count
+};
+
+std::vector<Way> all_ways(CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args,
+                          const std::shared_ptr<RawTarget>& raw) {
+    std::vector<Way> ways;
+    ways.push_back(synchronous_way<PerTensor>("synchronous, per tensor", gpu, args));
+    ways.push_back(stream_way<PerTensor>("stream-ordered, per tensor", gpu, stream, args));
+    ways.push_back(stream_way<Packed>("PackSmall<16384>", gpu, stream, args));
+    ways.push_back(stream_way<PackedAll>("PackSmall<" + std::to_string(all_five_limit) + ">", gpu, stream, args));
+    ways.push_back(frame_way("in-place frame", gpu, stream, args));
+    for (Way& way : raw_ways(raw, args)) ways.push_back(std::move(way));
+    if (ways.size() != way_count) std::abort();
+    return ways;
+}
+
+void section_one(CudaBackend& gpu, const Options& options) {
+    PinnedHostPool<CudaBackend> pool(gpu);
+    qwen3::PinnedStorage storage(pool);
+    const qwen3::Inputs set = qwen3::generate(storage, options.set_scale);
+    if (!set.ok()) fail("generating the Qwen3 set", storage.status());
+    // The small decode step: the set's tensors that do not scale — hidden_states (163840),
+    // block_table (2048), slot_mapping (128), seq_lens (64) in, output (163840) out.
+    std::vector<TensorArg> small;
+    for (const std::string_view name : {"hidden_states", "block_table", "slot_mapping", "seq_lens", "output"}) {
+        const auto at = std::find(set.names.begin(), set.names.end(), name) - set.names.begin();
+        small.push_back(set.args[static_cast<std::size_t>(at)]);
+    }
+    Result<CudaBackend::Stream> stream = gpu.create_stream();
+    if (!stream) fail("create_stream", stream.status());
+
+    std::vector<Measured> small_results, set_results;
+    std::vector<std::string> labels;
+    {
+        auto raw = std::make_shared<RawTarget>(gpu, *stream, small);
+        std::vector<Way> ways = all_ways(gpu, *stream, small, raw);
+        for (const Way& way : ways) labels.push_back(way.label);
+        small_results = measure(ways, std::max(options.steps / 10, 10), options.steps);
+    }
+    {
+        auto raw = std::make_shared<RawTarget>(gpu, *stream, set.args);
+        std::vector<Way> ways = all_ways(gpu, *stream, set.args, raw);
+        set_results = measure(ways, std::max(options.set_steps / 10, 5), options.set_steps);
+    }
+    (void)gpu.destroy_stream(*stream);
+
+    double in_mb = 0, in_out_mb = 0, out_mb = 0;
+    for (const TensorArg& a : set.args) {
+        const double mb = static_cast<double>(a.bytes) / 1e6;
+        (a.direction == Direction::In ? in_mb : a.direction == Direction::InOut ? in_out_mb : out_mb) += mb;
+    }
+    std::printf(
+        "\n1. One decode step, pinned host memory: copies, bytes moved and microseconds per step\n"
+        "   (median and 90th percentile of the measured steps, taken in rounds over all ways after a warm-up)\n"
+        "   small step: 4 In tensors of 163840, 2048, 128, 64 bytes and one 163840-byte Out tensor, %d steps\n"
+        "   Qwen3 set:  19 tensors at scale %g, %.1f MB (In %.1f, InOut %.1f, Out %.2f), %d steps\n\n",
+        options.steps, options.set_scale, static_cast<double>(set.total_bytes) / 1e6, in_mb, in_out_mb, out_mb,
+        options.set_steps);
+    std::printf("%-44s | %-37s | %-41s\n", "", "small step", "Qwen3 set");
+    std::printf("%-44s | %6s %8s %10s %9s | %6s %9s %12s %10s\n", "way of staging", "copies", "KiB", "us median",
+                "us p90", "copies", "MB", "us median", "us p90");
+    for (std::size_t w = 0; w < labels.size(); ++w) {
+        const Measured& a = small_results[w];
+        const Measured& b = set_results[w];
+        std::printf("%-44s | %6.1f %8.1f %10.1f %9.1f | %6.1f %9.2f %12.1f %10.1f\n", labels[w].c_str(), a.copies,
+                    a.bytes / 1024, a.median_us, a.p90_us, b.copies, b.bytes / 1e6, b.median_us, b.p90_us);
+    }
+    const auto ratio = [&](const char* what, std::size_t way, std::size_t limit) {
+        std::printf("%-62s small step %5.2fx   Qwen3 set %5.2fx\n", what,
+                    small_results[way].median_us / small_results[limit].median_us,
+                    set_results[way].median_us / set_results[limit].median_us);
+    };
+    std::printf("\nmedians against the raw limits:\n");
+    ratio("in-place frame / raw packed (goal: at most 1.10x)", way_frame, way_raw_packed);
+    ratio("stream-ordered per tensor / raw cudaMemcpyAsync per tensor", way_stream, way_raw_async);
+    ratio("synchronous per tensor / raw cudaMemcpy per tensor", way_synchronous, way_raw_memcpy);
+}
+
+// ---- sections 2-4 (synchronous staging of a larger set) -------------------------------------
 
 struct StepTimes {
     double bind_ms, finish_ms, step_ms, mallocs_per_step;
@@ -32,25 +527,18 @@ struct StepTimes {
 };
 
 template <class Strategy>
-StepTimes decode(CudaBackend& gpu, const qwen3::Inputs& inputs, int steps) {
+StepTimes decode(CudaBackend& gpu, std::span<const TensorArg> args, int steps) {
     Stager<CudaBackend, Strategy> stager(gpu);
     std::vector<double> bind, finish, step;
     std::uint64_t mallocs_after_first = 0;
     for (int i = 0; i < steps; ++i) {
         const auto t0 = Clock::now();
-        auto run = stager.bind(inputs.args);
-        if (!run) {
-            std::fprintf(stderr, "bind: %s\n", run.status().message().c_str());
-            std::exit(1);
-        }
-        (void)gpu.synchronize();
-        const double b = ms_since(t0);
+        Result<StagedRun> run = stager.bind(args);  // returns once the uploads are on the device
+        if (!run) fail("bind", run.status());
+        const double b = us_since(t0) / 1e3;
         const auto t1 = Clock::now();
-        if (Status s = stager.finish(std::move(*run)); !s) {
-            std::fprintf(stderr, "finish: %s\n", s.message().c_str());
-            std::exit(1);
-        }
-        const double f = ms_since(t1);
+        if (Status s = stager.finish(std::move(*run)); !s) fail("finish", s);
+        const double f = us_since(t1) / 1e3;
         if (i == 0) {
             mallocs_after_first = stager.stats().device_mallocs;
             continue;
@@ -59,65 +547,89 @@ StepTimes decode(CudaBackend& gpu, const qwen3::Inputs& inputs, int steps) {
         finish.push_back(f);
         step.push_back(b + f);
     }
-    const auto& s = stager.stats();
-    return {median(bind),
-            median(finish),
-            median(step),
+    const StagerStats& s = stager.stats();
+    return {percentile(bind, 0.5),
+            percentile(finish, 0.5),
+            percentile(step, 0.5),
             static_cast<double>(s.device_mallocs - mallocs_after_first) / std::max(steps - 1, 1),
             s.bytes_to_device / s.runs,
             s.bytes_from_device / s.runs};
 }
+
+void sections_two_to_four(CudaBackend& gpu, const Options& options) {
+    PinnedHostPool<CudaBackend> pool(gpu);
+    qwen3::PinnedStorage storage(pool);
+    const auto generated = Clock::now();
+    const qwen3::Inputs pinned = qwen3::generate(storage, options.scale);
+    if (!pinned.ok()) fail("generating the Qwen3 set", storage.status());
+    // The same bytes in pageable memory.
+    std::vector<std::unique_ptr<std::byte[]>> pageable_blocks;
+    std::vector<TensorArg> pageable;
+    for (const TensorArg& arg : pinned.args) {
+        pageable_blocks.push_back(std::make_unique_for_overwrite<std::byte[]>(arg.bytes));
+        std::memcpy(pageable_blocks.back().get(), arg.data, arg.bytes);
+        pageable.push_back({pageable_blocks.back().get(), arg.bytes, arg.direction});
+    }
+    std::printf(
+        "\nQwen3 set at scale %g for sections 2 and 3: %.2f GB (prepared in %.1f s), %d steps each, "
+        "synchronous staging, medians after the first step\n",
+        options.scale, static_cast<double>(pinned.total_bytes) / 1e9, us_since(generated) / 1e6, options.scale_steps);
+
+    std::printf("\n2. decode steady state (pinned inputs)\n%-16s %12s %22s\n", "strategy", "ms/step",
+                "device mallocs/step");
+    const StepTimes retained = decode<RetainedBump<>>(gpu, pinned.args, options.scale_steps);
+    const StepTimes per_tensor = decode<PerTensorMalloc<>>(gpu, pinned.args, options.scale_steps);
+    std::printf("%-16s %12.2f %22.1f\n%-16s %12.2f %22.1f\nRetainedBump speed-up %.2fx\n", "RetainedBump",
+                retained.step_ms, retained.mallocs_per_step, "PerTensorMalloc", per_tensor.step_ms,
+                per_tensor.mallocs_per_step, per_tensor.step_ms / retained.step_ms);
+
+    std::printf("\n3. copy throughput, RetainedBump (GB/s; bind = uploads, finish = copy-backs)\n%-10s %10s %10s\n",
+                "host", "H2D", "D2H");
+    const StepTimes paged = decode<RetainedBump<>>(gpu, pageable, options.scale_steps);
+    for (const auto& [label, t] : {std::pair{"pinned", retained}, std::pair{"pageable", paged}}) {
+        std::printf("%-10s %10.2f %10.2f\n", label, static_cast<double>(t.up) / (t.bind_ms * 1e6),
+                    static_cast<double>(t.down) / (t.finish_ms * 1e6));
+    }
+
+    std::printf("\n4. pinned allocation of 64 MiB (microseconds, median of 20)\n");
+    PinnedHostPool<CudaBackend, DirectPinned> direct(gpu);
+    std::vector<double> direct_us, cached_us;
+    for (int i = 0; i < 20; ++i) {
+        auto t = Clock::now();
+        {
+            auto b = direct.allocate(64 << 20);
+            if (!b) fail("cudaHostAlloc of 64 MiB", b.status());
+        }
+        direct_us.push_back(us_since(t));
+        { auto warm = pool.allocate(64 << 20); }
+        t = Clock::now();
+        { auto b = pool.allocate(64 << 20); }
+        cached_us.push_back(us_since(t));
+    }
+    std::printf("%-44s %10.1f\n%-44s %10.1f\n", "cudaHostAlloc + cudaFreeHost (DirectPinned)",
+                percentile(direct_us, 0.5), "PinnedHostPool cache hit (CachingPinned)", percentile(cached_us, 0.5));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    const double scale = argc > 1 ? std::atof(argv[1]) : 1.0;
-    const int steps = argc > 2 ? std::max(2, std::atoi(argv[2])) : 4;
-    auto gpu = CudaBackend::create(0);
+    const Options options = parse(argc, argv);
+    const Runtime runtime = find_runtime();
+    if (runtime.name.empty()) {
+        std::printf(
+            "no GPU: cannot load the CUDA runtime (libcudart.so.13, .12, .so, $DEVSTAGE_CUDART_LIBRARY, or "
+            "a copy next to this program)\n");
+        return 77;
+    }
+    Result<CudaBackend> gpu = CudaBackend::create(0, runtime.name);
     if (!gpu) {
         std::printf("no GPU: %s\n", gpu.status().message().c_str());
         return 77;
     }
-    PinnedHostPool<CudaBackend> pool(*gpu);
-    qwen3::PinnedStorage pinned_storage(pool);
-    qwen3::PageableStorage pageable_storage;
-    const auto g0 = Clock::now();
-    const qwen3::Inputs pinned = qwen3::generate(pinned_storage, scale);
-    const qwen3::Inputs pageable = qwen3::generate(pageable_storage, scale);
-    if (!pinned.ok() || !pageable.ok()) {
-        std::printf("could not allocate the input set at scale %g: %s\n", scale,
-                    pinned_storage.status().message().c_str());
-        return 1;
-    }
-    std::printf("Qwen3-14B decode set at scale %g: %.2f GB in 19 tensors (generated in %.1f s), %d steps\n\n", scale,
-                pinned.total_bytes / 1e9, ms_since(g0) / 1e3, steps);
-
-    std::printf("1. decode steady state (pinned inputs)\n%-16s %12s %16s\n", "strategy", "ms/step",
-                "device mallocs/step");
-    const StepTimes retained = decode<RetainedBump<>>(*gpu, pinned, steps);
-    const StepTimes per_tensor = decode<PerTensorMalloc<>>(*gpu, pinned, steps);
-    std::printf("%-16s %12.2f %16.1f\n%-16s %12.2f %16.1f\nspeed-up %.2fx\n\n", "RetainedBump", retained.step_ms,
-                retained.mallocs_per_step, "PerTensorMalloc", per_tensor.step_ms, per_tensor.mallocs_per_step,
-                per_tensor.step_ms / retained.step_ms);
-
-    std::printf("2. copy throughput, RetainedBump (GB/s)\n%-10s %10s %10s\n", "host", "H2D", "D2H");
-    const StepTimes paged = decode<RetainedBump<>>(*gpu, pageable, steps);
-    for (const auto& [label, t] : {std::pair{"pinned", retained}, std::pair{"pageable", paged}}) {
-        std::printf("%-10s %10.2f %10.2f\n", label, t.up / (t.bind_ms * 1e6), t.down / (t.finish_ms * 1e6));
-    }
-
-    std::printf("\n3. pinned allocation of 64 MiB (microseconds, median of 20)\n");
-    PinnedHostPool<CudaBackend, DirectPinned> direct(*gpu);
-    std::vector<double> direct_us, cached_us;
-    for (int i = 0; i < 20; ++i) {
-        auto t = Clock::now();
-        { auto b = direct.allocate(64 << 20); }
-        direct_us.push_back(ms_since(t) * 1e3);
-        { auto warm = pool.allocate(64 << 20); }
-        t = Clock::now();
-        { auto b = pool.allocate(64 << 20); }
-        cached_us.push_back(ms_since(t) * 1e3);
-    }
-    std::printf("cudaHostAlloc+cudaFreeHost (DirectPinned) %10.1f\nPinnedHostPool cache hit (CachingPinned) %10.1f\n",
-                median(direct_us), median(cached_us));
+    const auto start = Clock::now();
+    print_device(runtime, gpu->device_id());
+    section_one(*gpu, options);
+    sections_two_to_four(*gpu, options);
+    std::printf("\ntotal %.1f s\n", us_since(start) / 1e6);
     return 0;
 }

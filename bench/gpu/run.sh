@@ -1,12 +1,56 @@
 #!/usr/bin/env bash
-# Builds and runs bench/gpu/gpu_bench.cpp on a machine with an NVIDIA GPU and libcudart
-# (no CUDA headers needed). Needs g++ >= 12 and the range-v3 headers (/usr/include/range, or
-# RANGE_V3_INCLUDE=dir). Usage: bench/gpu/run.sh [scale (default 1.0)] [steps (default 4)]
+# Builds bench/gpu/gpu_bench.cpp into one binary that needs only the CUDA runtime and driver at
+# run time (loaded with dlopen; libstdc++ and libgcc linked in statically), and runs it.
+#
+#   bench/gpu/run.sh --build-only        build here (g++ >= 12, range-v3 headers); no GPU needed
+#   bench/gpu/run.sh [gpu_bench options] run it on a GPU machine (builds first if it is missing)
+#   bench/gpu/run.sh --rebuild [...]     build again, then run
+#
+# The binary goes to $GPU_BENCH_DIR (default bench/gpu/build/, ignored by git) with a copy of
+# libcudart.so.13 when one is found here, which the binary uses where the machine has none.
+# Range-v3 headers: /usr/include/range, or RANGE_V3_INCLUDE=dir. See bench/gpu/README.md.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-out=${OUT:-/tmp}/gpu_bench
-extra=()
-[ -n "${RANGE_V3_INCLUDE:-}" ] && extra+=("-I$RANGE_V3_INCLUDE")
-${CXX:-g++} -std=c++20 -O2 -DNDEBUG -Iinclude -Iexamples "${extra[@]}" bench/gpu/gpu_bench.cpp -ldl -pthread -o "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
-"$out" "$@"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+dir=${GPU_BENCH_DIR:-$root/bench/gpu/build}
+bin=$dir/gpu_bench
+
+build() {
+    mkdir -p "$dir"
+    local extra=() revision
+    [ -n "${RANGE_V3_INCLUDE:-}" ] && extra+=("-I$RANGE_V3_INCLUDE")
+    revision=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
+    echo "building $bin (sources at $revision)"
+    "${CXX:-g++}" -std=c++20 -O2 -DNDEBUG -Wall -Wextra -Wpedantic -I"$root/include" -I"$root/examples" \
+        "${extra[@]}" "$root/bench/gpu/gpu_bench.cpp" -static-libstdc++ -static-libgcc -ldl -pthread -o "$bin.tmp"
+    mv "$bin.tmp" "$bin"
+    echo "$revision" > "$dir/revision"
+    # A runtime to fall back on where the GPU machine has none (gpu_bench looks next to itself).
+    local cudart
+    for cudart in "${CUDART_LIBRARY:-}" /usr/local/cuda/lib64/libcudart.so.13 \
+        "$(ldconfig -p 2>/dev/null | awk '/libcudart\.so\.13 /{print $NF; exit}')"; do
+        if [ -n "$cudart" ] && [ -e "$cudart" ]; then
+            cp -L "$cudart" "$dir/libcudart.so.13"
+            echo "bundled $cudart"
+            break
+        fi
+    done
+}
+
+case "${1:-}" in
+    --build-only)
+        build
+        exit 0
+        ;;
+    --rebuild)
+        shift
+        build
+        ;;
+    *)
+        [ -x "$bin" ] || build
+        ;;
+esac
+
+echo "gpu_bench built from $(cat "$dir/revision" 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv,noheader 2>/dev/null || true
+exec "$bin" "$@"

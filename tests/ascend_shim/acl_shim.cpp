@@ -3,7 +3,8 @@
 // prototypes, enum values and error codes, over host memory. It models per-thread current
 // contexts, allocations tagged with their device, per-device capacity, the documented rules
 // (size 0 rejected, count > destMax rejected, 64-byte alignment, no context → error) and
-// fault injection controlled by the tests through the shim_* functions.
+// fault injection controlled by the tests through the shim_* functions. A copy with a null
+// pointer is refused at the call (ACL_ERROR_INVALID_PARAM), as ACL's parameter checks do.
 //
 // Streams are asynchronous: each has a worker thread that runs its tasks (copies, event
 // records, event waits) in order. An asynchronous copy is validated when it is enqueued and
@@ -512,6 +513,7 @@ aclError aclrtMemcpy(void* dst, std::size_t dest_max, const void* src, std::size
     aclError code;
     if (injected("aclrtMemcpy", code)) return code;
     if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    if (dst == nullptr || src == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "null pointer");
     if (dest_max == 0 || count > dest_max) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds destMax");
     const bool to_device = kind == 1;
     if (kind != 1 && kind != 2) return fail(ACL_ERROR_INVALID_PARAM, "unsupported memcpy kind");
@@ -597,6 +599,7 @@ aclError aclrtMemcpyAsync(void* dst, std::size_t dest_max, const void* src, std:
     if (injected("aclrtMemcpyAsync", code)) return code;
     Stream* stream = find_stream(handle);
     if (aclError e = check_stream(stream, "aclrtMemcpyAsync"); e != ACL_SUCCESS) return e;
+    if (dst == nullptr || src == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "null pointer");
     if (dest_max == 0 || count > dest_max) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds destMax");
     if (kind != 1 && kind != 2) return fail(ACL_ERROR_INVALID_PARAM, "unsupported memcpy kind");
     const bool to_device = kind == 1;

@@ -10,8 +10,11 @@
 // CUDA_ERROR_INVALID_CONTEXT); streams and events tagged with their device and creation flags
 // (a record on another device's stream is refused); virtual memory with reservations,
 // physical chunks and mappings that are accessible only after cuMemSetAccess.
-// Streams are immediate: enqueued work runs inside the call. cudaEventQuery answers
-// cudaErrorNotReady as often as a test asks. Test control: the cuda_shim_* functions.
+// Streams are immediate: enqueued work runs inside the call, host functions too (on the
+// calling thread); a CUDA call from inside a host function is refused with
+// cudaErrorNotPermitted, as CUDA documents it may be. A copy with a null pointer is
+// cudaErrorInvalidValue. cudaEventQuery answers cudaErrorNotReady as often as a test asks.
+// Test control: the cuda_shim_* functions.
 //
 // Built with CUDA_SHIM_NO_EVENT_QUERY it lacks cudaEventQuery; with CUDA_SHIM_NO_DRIVER it
 // lacks every driver entry point.
@@ -41,11 +44,13 @@ constexpr cudaError_t cudaErrorInvalidMemcpyDirection = 21;
 constexpr cudaError_t cudaErrorInvalidDevice = 101;
 constexpr cudaError_t cudaErrorInvalidResourceHandle = 400;
 constexpr cudaError_t cudaErrorNotReady = 600;
+constexpr cudaError_t cudaErrorNotPermitted = 800;
 [[maybe_unused]] constexpr CUresult CUDA_SUCCESS = 0;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
+[[maybe_unused]] constexpr CUresult CUDA_ERROR_NOT_PERMITTED = 800;
 constexpr int device_count = 2;
 [[maybe_unused]] constexpr std::size_t granularity = std::size_t{2} << 20;
 
@@ -110,6 +115,7 @@ int fail_countdown = 0;
 int fail_code = 0;
 thread_local int current_device = 0;
 thread_local bool context_current = false;
+thread_local bool in_host_function = false;  // a host function must not call CUDA
 
 // What a test left allocated goes when the library does, as a process's contexts are torn
 // down at exit.
@@ -167,6 +173,7 @@ bool inside(const void* pointer, std::size_t bytes, bool device) {
 }
 
 cudaError_t copy(void* dst, const void* src, std::size_t count, int kind) {
+    if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
     if (kind != 1 && kind != 2) return cudaErrorInvalidMemcpyDirection;
     if (!inside(kind == 1 ? dst : src, count, true)) return cudaErrorInvalidValue;
     std::memcpy(dst, src, count);
@@ -259,15 +266,18 @@ std::size_t cuda_shim_live(int kind) {
 
 // ---- the runtime subset ---------------------------------------------------------------------
 cudaError_t cudaGetDeviceCount(int* count) {
+    if (in_host_function) return cudaErrorNotPermitted;
     *count = device_count;
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
+    if (in_host_function) return cudaErrorNotPermitted;
     *device = current_device;
     return cudaSuccess;
 }
 // As since CUDA 12: makes the device's primary context current, even if it already was.
 cudaError_t cudaSetDevice(int device) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaSetDevice", code)) return code;
@@ -277,6 +287,7 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** pointer, std::size_t size) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaMalloc", code)) return code;
@@ -295,6 +306,7 @@ cudaError_t cudaMalloc(void** pointer, std::size_t size) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void* pointer) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaFree", code)) return code;
@@ -308,6 +320,7 @@ cudaError_t cudaFree(void* pointer) {
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaHostAlloc", code)) return code;
@@ -320,6 +333,7 @@ cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* pointer) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     touch();
     const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
@@ -329,6 +343,7 @@ cudaError_t cudaFreeHost(void* pointer) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaMemcpy", code)) return code;
@@ -336,6 +351,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) 
     return copy(dst, src, count, kind);
 }
 cudaError_t cudaMemset(void* pointer, int value, std::size_t count) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     touch();
     if (!inside(pointer, count, true)) return cudaErrorInvalidValue;
@@ -343,6 +359,7 @@ cudaError_t cudaMemset(void* pointer, int value, std::size_t count) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaDeviceSynchronize", code)) return code;
@@ -365,6 +382,8 @@ const char* cudaGetErrorString(cudaError_t error) {
             return "invalid resource handle";
         case cudaErrorNotReady:
             return "device not ready";
+        case cudaErrorNotPermitted:
+            return "operation not permitted";
         case 700:
             return "an illegal memory access was encountered";
         default:
@@ -374,6 +393,7 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 // ---- streams and events (immediate) ---------------------------------------------------------
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaStreamCreateWithFlags", code)) return code;
@@ -385,6 +405,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaStreamDestroy", code)) return code;
@@ -395,6 +416,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int kind, cudaStream_t stream) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaMemcpyAsync", code)) return code;
@@ -403,6 +425,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int k
     return copy(dst, src, count, kind);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventCreateWithFlags", code)) return code;
@@ -414,6 +437,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventDestroy", code)) return code;
@@ -425,6 +449,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 // The event and the stream must be on the same device.
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventRecord", code)) return code;
@@ -438,6 +463,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 #ifndef CUDA_SHIM_NO_EVENT_QUERY
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventQuery", code)) return code;
@@ -451,6 +477,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 #endif
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventSynchronize", code)) return code;
@@ -459,6 +486,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaStreamWaitEvent", code)) return code;
@@ -467,13 +495,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*function)(void*), void* user_data) {
+    if (in_host_function) return cudaErrorNotPermitted;
     {
         std::lock_guard lock(mutex);
         int code;
         if (injected("cudaLaunchHostFunc", code)) return code;
         if (streams.count(stream) == 0 || function == nullptr) return cudaErrorInvalidResourceHandle;
     }
+    in_host_function = true;
     function(user_data);
+    in_host_function = false;
     return cudaSuccess;
 }
 
@@ -496,29 +527,36 @@ CUresult cuGetErrorString(CUresult error, const char** text) {
         case CUDA_ERROR_INVALID_CONTEXT:
             *text = "invalid device context";
             break;
+        case CUDA_ERROR_NOT_PERMITTED:
+            *text = "operation not permitted";
+            break;
         default:
             return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
 CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     if (ordinal < 0 || ordinal >= device_count) return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
 CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice device) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     if (device < 0 || device >= device_count) return CUDA_ERROR_INVALID_DEVICE;
     *value = attribute == 102 ? vmm_supported : 0;
     return CUDA_SUCCESS;
 }
 CUresult cuMemGetAllocationGranularity(std::size_t* result, const MemAllocationProp* prop, int option) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     if (!valid_prop(prop) || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
     *result = granularity;
     return CUDA_SUCCESS;
 }
 CUresult cuMemAddressReserve(CUdeviceptr* pointer, std::size_t size, std::size_t alignment, CUdeviceptr address,
                              unsigned long long flags) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cuMemAddressReserve", code)) return code;
@@ -535,6 +573,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* pointer, std::size_t size, std::size_t
 }
 // The whole reservation, with nothing mapped in it.
 CUresult cuMemAddressFree(CUdeviceptr pointer, std::size_t size) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
     const auto found = reservations.find(pointer);
@@ -546,6 +585,7 @@ CUresult cuMemAddressFree(CUdeviceptr pointer, std::size_t size) {
 }
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, const MemAllocationProp* prop,
                      unsigned long long flags) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cuMemCreate", code)) return code;
@@ -559,6 +599,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size, con
     return CUDA_SUCCESS;
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
     const auto found = physicals.find(handle);
@@ -574,6 +615,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 // Inside one reservation, over nothing mapped yet; mapped without access until cuMemSetAccess.
 CUresult cuMemMap(CUdeviceptr pointer, std::size_t size, std::size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cuMemMap", code)) return code;
@@ -599,6 +641,7 @@ CUresult cuMemMap(CUdeviceptr pointer, std::size_t size, std::size_t offset, CUm
 }
 // [pointer, pointer + size) must be fully mapped; only device read-write access is modelled.
 CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t size, const MemAccessDesc* desc, std::size_t count) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     int code;
     if (injected("cuMemSetAccess", code)) return code;
@@ -621,6 +664,7 @@ CUresult cuMemSetAccess(CUdeviceptr pointer, std::size_t size, const MemAccessDe
 }
 // Whole mappings only.
 CUresult cuMemUnmap(CUdeviceptr pointer, std::size_t size) {
+    if (in_host_function) return CUDA_ERROR_NOT_PERMITTED;
     std::lock_guard lock(mutex);
     if (!context_current) return CUDA_ERROR_INVALID_CONTEXT;
     if (!whole_mappings(pointer, size)) return CUDA_ERROR_INVALID_VALUE;
