@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: the deferred-execution engine of a MockBackend. It keeps each stream's queue of
+// pending operations (copies, event recordings, waits for a recording, host functions), all
+// ordered by one sequence of enqueue times, and runs them: at once in eager mode, or — deferred
+// — only when the host synchronizes, and then only what the synchronization depends on (its
+// stream up to it, and through waits the recordings on other streams, transitively), in an
+// adversarial order: of the streams that can run, the one whose next operation was enqueued
+// last goes first. Pending copies make the memory they touch busy for synchronous use. Called
+// with the MockBackend's mutex held; a host function runs with it released, on the thread that
+// synchronizes.
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "devstage/backend.hpp"
+#include "devstage/backends/detail/mock_recorder.hpp"
+#include "devstage/backends/mock_journal.hpp"
+#include "devstage/detail/address_map.hpp"
+#include "devstage/detail/message.hpp"
+#include "devstage/status.hpp"
+
+namespace devstage::detail {
+
+class MockEngine {
+public:
+    // One recording of an event: done once its stream ran up to it.
+    struct Recording {
+        std::uint64_t seq = 0;  // of its record operation
+        std::uint32_t stream = 0;
+        std::uint32_t polls = 0;  // "not ready" answers given
+        bool done = false;
+        Status failure;  // the first failure of work on its stream since the previous recording
+    };
+    // An enqueued operation. `seq` orders every operation of the mock by enqueue time.
+    struct Pending {
+        MockOp op = MockOp::launch_host_func;
+        std::uint64_t seq = 0;
+        void* dst = nullptr;
+        const void* src = nullptr;
+        std::size_t bytes = 0;
+        const void* device = nullptr;  // copies: the device side
+        const void* host = nullptr;    // copies: the host side
+        HostFunction function = nullptr;
+        void* user_data = nullptr;
+        std::shared_ptr<Recording> recording;  // record_event: completes it; stream_wait_event: waits for it
+        Status failure;                        // fail_when_run: reported instead of running
+    };
+    struct StreamState {
+        std::deque<Pending> queue;
+        bool running = false;  // its first operation, a host function, runs with the lock released
+        Status failure;        // the first failure since its last recording
+    };
+    // What a drain must reach: every operation of `stream` up to `seq` has run.
+    struct Target {
+        std::uint32_t stream;
+        std::uint64_t seq;
+    };
+    /// Which side of pending copies a synchronous use of memory is checked against.
+    enum class Side : std::uint8_t { device, host };
+
+    /// `recorder` counts the misuses found; `deferred`: MockConfig::deferred_async.
+    MockEngine(MockRecorder& recorder, bool deferred) noexcept : recorder_(recorder), deferred_(deferred) {}
+    MockEngine(const MockEngine&) = delete;
+    MockEngine& operator=(const MockEngine&) = delete;
+    ~MockEngine() = default;
+
+    /// True while a host function of this engine runs on the calling thread.
+    bool in_host_function() const noexcept { return host_function_owner() == this; }
+
+    // ---- streams and their queues -----------------------------------------------------------
+
+    /// Throws only std::bad_alloc, before anything changed.
+    void add_stream(std::uint32_t id) { streams_.try_emplace(id); }
+    /// Forgets the stream and what is still queued on it.
+    void remove_stream(std::uint32_t id) noexcept { streams_.erase(id); }
+    /// The stream's state, or null when it is unknown.
+    StreamState* find_stream(std::uint32_t id) noexcept {
+        const auto found = streams_.find(id);
+        return found == streams_.end() ? nullptr : &found->second;
+    }
+
+    // Enqueues `pending`; returns its sequence number. Throws only std::bad_alloc, before
+    // anything changed.
+    std::uint64_t push(StreamState& stream, Pending pending) {
+        pending.seq = next_seq_ + 1;
+        if (pending.op == MockOp::record_event) pending.recording->seq = pending.seq;
+        stream.queue.push_back(std::move(pending));
+        return ++next_seq_;
+    }
+
+    // After an enqueue: eager mode runs the stream up to the new operation now.
+    Status settle(std::unique_lock<std::mutex>& lock, std::uint32_t stream, std::uint64_t seq) noexcept {
+        if (deferred_) return {};
+        return drain(lock, Target{stream, seq}, true);
+    }
+
+    // Runs pending work until `target` is reached (nullopt: until none is left). Whenever
+    // several streams can run, the one whose next operation was enqueued last goes first.
+    // Waits for host functions that other threads run, unless `may_wait` is false: then it
+    // returns early and the caller checks what was reached.
+    Status drain(std::unique_lock<std::mutex>& lock, std::optional<Target> target, bool may_wait) noexcept {
+        std::map<std::uint32_t, std::uint64_t> bounds;
+        if (target && !without_bad_alloc([&] { bounds_for(*target, bounds); })) {
+            return Status(Errc::out_of_memory, "mock: host memory exhausted ordering pending work");
+        }
+        for (;;) {
+            if (target ? reached(*target) : all_ran()) return {};
+            StreamState* next = nullptr;
+            std::uint64_t latest = 0;
+            bool running = false;
+            for (auto& [id, stream] : streams_) {
+                running = running || stream.running;
+                if (stream.running || stream.queue.empty()) continue;
+                const Pending& head = stream.queue.front();
+                if (target) {
+                    const auto bound = bounds.find(id);
+                    if (bound == bounds.end() || head.seq > bound->second) continue;
+                }
+                if (head.op == MockOp::stream_wait_event && !head.recording->done) continue;
+                if (head.seq > latest) {
+                    latest = head.seq;
+                    next = &stream;
+                }
+            }
+            if (next != nullptr) {
+                run_head(lock, *next);
+            } else if (!running) {
+                // Unreachable: a wait names a recording enqueued before it, so some stream can run.
+                return Status(Errc::backend_failure, "mock: pending work cannot make progress");
+            } else if (may_wait) {
+                progress_.wait(lock);
+            } else {
+                return {};
+            }
+        }
+    }
+
+    /// The first failure of enqueued work since the previous call, and forgets it.
+    Status take_failure() noexcept { return std::exchange(async_failure_, Status()); }
+
+    // ---- synchronous use of memory ----------------------------------------------------------
+
+    /// A synchronous touch of memory: busy when pending work uses it, unless a host function
+    /// (itself stream work) makes it.
+    Status not_pending(MockOp op, const void* pointer, std::size_t bytes, Side side) noexcept {
+        if (in_host_function()) return {};
+        return used_by_pending(op, pointer, bytes, side);
+    }
+
+    /// Busy when a pending copy's `side` overlaps [pointer, pointer + bytes).
+    Status used_by_pending(MockOp op, const void* pointer, std::size_t bytes, Side side) noexcept {
+        const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
+        for (const auto& [id, stream] : streams_) {
+            for (const Pending& pending : stream.queue) {
+                if (pending.op != MockOp::copy_to_device_async && pending.op != MockOp::copy_from_device_async) {
+                    continue;
+                }
+                const auto other =
+                    reinterpret_cast<std::uintptr_t>(side == Side::device ? pending.device : pending.host);
+                if (begin < other + pending.bytes && other < begin + bytes) {
+                    return recorder_.misuse(Errc::busy, message("mock ", to_string(op), ": ", bytes, " bytes at ",
+                                                                pointer, " are used by pending ", to_string(pending.op),
+                                                                " of ", pending.bytes, " bytes on stream ", id));
+                }
+            }
+        }
+        return {};
+    }
+
+    // ---- observation ------------------------------------------------------------------------
+    std::size_t live_streams() const noexcept { return streams_.size(); }
+    /// Enqueued operations that have not run yet.
+    std::size_t pending_operations() const noexcept {
+        std::size_t pending = 0;
+        for (const auto& [id, stream] : streams_) pending += stream.queue.size();
+        return pending;
+    }
+    /// Appends one line per stream never destroyed to `report`.
+    void report_leaks(std::string& report) const {
+        for (const auto& [id, stream] : streams_) {
+            report += message("mock: leaked stream ", id, " with ", stream.queue.size(), " operations pending\n");
+        }
+    }
+
+private:
+    // The engine whose host function runs on this thread, if any.
+    static const MockEngine*& host_function_owner() noexcept {
+        thread_local const MockEngine* owner = nullptr;
+        return owner;
+    }
+
+    bool reached(const Target& target) const noexcept {
+        const auto found = streams_.find(target.stream);
+        return found == streams_.end() || found->second.queue.empty() || found->second.queue.front().seq > target.seq;
+    }
+    bool all_ran() const noexcept {
+        return std::all_of(streams_.begin(), streams_.end(),
+                           [](const auto& entry) { return entry.second.queue.empty(); });
+    }
+
+    // How far each stream must run for `target`: its stream up to it, and through the waits
+    // on the way, the recordings they wait for, transitively.
+    void bounds_for(const Target& target, std::map<std::uint32_t, std::uint64_t>& bounds) const {
+        bounds[target.stream] = target.seq;
+        for (bool grew = true; grew;) {
+            grew = false;
+            for (const auto& [id, stream] : streams_) {
+                const auto bound = bounds.find(id);
+                if (bound == bounds.end()) continue;
+                const std::uint64_t limit = bound->second;
+                for (const Pending& pending : stream.queue) {
+                    if (pending.seq > limit) break;
+                    if (pending.op != MockOp::stream_wait_event || pending.recording->done) continue;
+                    const auto [needed, added] = bounds.try_emplace(pending.recording->stream, pending.recording->seq);
+                    if (added || needed->second < pending.recording->seq) {
+                        needed->second = std::max(needed->second, pending.recording->seq);
+                        grew = true;
+                    }
+                }
+            }
+        }
+    }
+
+    void run_head(std::unique_lock<std::mutex>& lock, StreamState& stream) noexcept {
+        Pending& head = stream.queue.front();
+        if (!head.failure.ok()) {
+            if (stream.failure.ok()) stream.failure = head.failure;
+            if (async_failure_.ok()) async_failure_ = head.failure;
+        } else if (head.op == MockOp::copy_to_device_async || head.op == MockOp::copy_from_device_async) {
+            std::memcpy(head.dst, head.src, head.bytes);
+        } else if (head.op == MockOp::record_event) {
+            head.recording->failure = std::exchange(stream.failure, Status());
+            head.recording->done = true;
+        } else if (head.op == MockOp::launch_host_func) {
+            const HostFunction function = head.function;
+            void* user_data = head.user_data;
+            stream.running = true;
+            lock.unlock();
+            const MockEngine* outer = std::exchange(host_function_owner(), this);
+            function(user_data);
+            host_function_owner() = outer;
+            lock.lock();
+            stream.running = false;
+        }
+        // A stream_wait_event runs once its recording is done: nothing left to do.
+        stream.queue.pop_front();
+        progress_.notify_all();
+    }
+
+    MockRecorder& recorder_;
+    const bool deferred_;
+    std::condition_variable progress_;  // a host function run with the lock released returned
+    std::map<std::uint32_t, StreamState> streams_;
+    std::uint64_t next_seq_ = 0;
+    Status async_failure_;  // the first failure of enqueued work since the last synchronize()
+};
+
+}  // namespace devstage::detail

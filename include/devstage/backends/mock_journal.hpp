@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// What a MockBackend journals and counts: its operations (MockOp, with their names) and one
+/// journaled call (MockCall). `for (const MockCall& call : mock.journal()) log(to_string(call.op));`
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "devstage/status.hpp"
+
+namespace devstage {
+
+/// The operations a MockBackend journals and counts.
+enum class MockOp : std::uint8_t {
+    device_malloc,
+    device_free,
+    copy_to_device,
+    copy_from_device,
+    pinned_malloc,
+    pinned_free,
+    device_memset,
+    synchronize,
+    create_stream,
+    destroy_stream,
+    copy_to_device_async,
+    copy_from_device_async,
+    create_event,
+    destroy_event,
+    record_event,
+    event_ready,
+    synchronize_event,
+    stream_wait_event,
+    launch_host_func,
+};
+inline constexpr std::size_t mock_op_count = 19;
+
+constexpr std::string_view to_string(MockOp op) noexcept {
+    constexpr std::array<std::string_view, mock_op_count> names{
+        "device_malloc",     "device_free",       "copy_to_device",       "copy_from_device",
+        "pinned_malloc",     "pinned_free",       "device_memset",        "synchronize",
+        "create_stream",     "destroy_stream",    "copy_to_device_async", "copy_from_device_async",
+        "create_event",      "destroy_event",     "record_event",         "event_ready",
+        "synchronize_event", "stream_wait_event", "launch_host_func"};
+    return names[static_cast<std::size_t>(op)];
+}
+
+/// One journaled call: what, on which pointer (the result, for allocations; the device side,
+/// for copies; the user data, for host functions), how many bytes, how it ended, and the
+/// stream and event it named (0: none).
+struct MockCall {
+    MockOp op;
+    const void* pointer;
+    std::size_t bytes;
+    Errc result;
+    std::uint32_t stream = 0;
+    std::uint32_t event = 0;
+};
+
+}  // namespace devstage
