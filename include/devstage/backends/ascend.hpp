@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
@@ -58,10 +59,60 @@ inline constexpr int granularity_minimum = 0;
 
 namespace detail {
 /// An ACL event and whether a record of it was ever enqueued: ACL reports an event never
-/// recorded as not ready, where devstage's contract says it is ready.
+/// recorded as not ready, where devstage's contract says it is ready. The backend links every
+/// record it made into a list, so the ones never destroyed are freed with the backend.
 struct AclEvent {
     acl::aclrtEvent handle = nullptr;
     std::atomic<bool> recorded{false};
+    AclEvent* previous = nullptr;
+    AclEvent* next = nullptr;
+};
+
+/// The AclEvent records a backend made and has not destroyed yet. Thread-safe.
+class AclEventList {
+public:
+    AclEventList() = default;
+    /// Takes `other`'s records (moving a backend another thread uses is not allowed anyway).
+    AclEventList(AclEventList&& other) noexcept : head_(std::exchange(other.head_, nullptr)) {}
+    AclEventList& operator=(AclEventList&&) = delete;
+    AclEventList(const AclEventList&) = delete;
+    AclEventList& operator=(const AclEventList&) = delete;
+    ~AclEventList() {
+        destroy_all([](acl::aclrtEvent) {});
+    }
+
+    void link(AclEvent* event) noexcept {
+        const std::lock_guard lock(mutex_);
+        event->next = head_;
+        if (head_ != nullptr) head_->previous = event;
+        head_ = event;
+    }
+    void unlink(AclEvent* event) noexcept {
+        const std::lock_guard lock(mutex_);
+        if (event->previous != nullptr) event->previous->next = event->next;
+        if (event->next != nullptr) event->next->previous = event->previous;
+        if (head_ == event) head_ = event->next;
+        event->previous = event->next = nullptr;
+    }
+    /// Frees every record still listed after calling `destroy` with its ACL event.
+    template <class F>
+    void destroy_all(F destroy) noexcept {
+        for (AclEvent* event = take_all(); event != nullptr;) {
+            AclEvent* next = event->next;
+            destroy(event->handle);
+            delete event;
+            event = next;
+        }
+    }
+
+private:
+    AclEvent* take_all() noexcept {
+        const std::lock_guard lock(mutex_);
+        return std::exchange(head_, nullptr);
+    }
+
+    std::mutex mutex_;
+    AclEvent* head_ = nullptr;
 };
 }  // namespace detail
 
@@ -79,7 +130,8 @@ public:
         friend bool operator==(Stream, Stream) = default;
     };
     /// An ACL event made by create_event (which allocates its small bookkeeping; destroy_event
-    /// frees it). `handle()` is the aclrtEvent.
+    /// frees it, and the backend's destruction frees what was never destroyed — as destroying
+    /// the context does the ACL events in it). `handle()` is the aclrtEvent.
     struct Event {
         detail::AclEvent* state = nullptr;
         acl::aclrtEvent handle() const noexcept { return state != nullptr ? state->handle : nullptr; }
@@ -120,14 +172,20 @@ public:
           context_(std::exchange(other.context_, nullptr)),
           device_open_(std::exchange(other.device_open_, false)),
           vmm_(other.vmm_),
-          granularity_(other.granularity_) {}
+          granularity_(other.granularity_),
+          events_(std::move(other.events_)) {}
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
     AscendBackend& operator=(const AscendBackend&) = delete;
-    /// Destroys the context (and with it any stream still in it) and releases the device
-    /// (aclFinalize is left to the process: other backends may still use ACL).
+    /// Destroys the events never destroyed, the context (and with it any stream still in it)
+    /// and releases the device (aclFinalize is left to the process: other backends may still
+    /// use ACL).
     ~AscendBackend() {
-        if (context_ != nullptr) (void)api_.destroy_context(context_);
+        if (context_ != nullptr) {
+            events_.destroy_all(
+                [this](acl::aclrtEvent handle) { (void)call("aclrtDestroyEvent", api_.destroy_event, 0, handle); });
+            (void)api_.destroy_context(context_);
+        }
         if (device_open_) (void)api_.reset_device(device_);
     }
 
@@ -209,12 +267,14 @@ public:
             delete state;
             return s;
         }
+        events_.link(state);
         return Event{state};
     }
     /// aclrtDestroyEvent (allowed while a record is pending); then `event` is gone.
     Status destroy_event(Event event) noexcept {
         if (Status s = check(event, "aclrtDestroyEvent"); !s) return s;
         if (Status s = call("aclrtDestroyEvent", api_.destroy_event, 0, event.state->handle); !s) return s;
+        events_.unlink(event.state);
         delete event.state;
         return {};
     }
@@ -436,6 +496,7 @@ private:
     bool device_open_ = false;
     VmmApi vmm_;
     std::size_t granularity_ = 0;
+    detail::AclEventList events_;
 };
 
 static_assert(Backend<AscendBackend>);
