@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "devstage/strategy/packing.hpp"
+#include "failing_new.hpp"
 #include "support.hpp"
 
 using StagingBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::AdversarialMock>;
@@ -118,8 +119,8 @@ TEST_CASE("stager: pipeline slots let a second run bind while the first is live"
     CHECK(zero.pipeline_slots() == 1);
 }
 
-TEMPLATE_TEST_CASE("stager: a placement or direction outside its enum is refused, nothing taken",
-                   "[stager][args]", RetainedBump<>, PerTensorMalloc<>, (RetainedBump<ExactGrowth, 1024, PackSmall<>>)) {
+TEMPLATE_TEST_CASE("stager: a placement or direction outside its enum is refused, nothing taken", "[stager][args]",
+                   RetainedBump<>, PerTensorMalloc<>, (RetainedBump<ExactGrowth, 1024, PackSmall<>>)) {
     // A C caller can hand over any byte: the plan and the staging pass must agree on it (a
     // disagreement once read past host buffers).
     MockBackend mock;
@@ -131,8 +132,8 @@ TEMPLATE_TEST_CASE("stager: a placement or direction outside its enum is refused
     auto placement = stager.bind(bad.args);
     REQUIRE_FALSE(placement.ok());
     CHECK(placement.status().code() == Errc::invalid_argument);
-    CHECK_THAT(placement.status().message(), Catch::Contains("arg 1") && Catch::Contains("placement 7") &&
-                                                 Catch::Contains("mock"));
+    CHECK_THAT(placement.status().message(),
+               Catch::Contains("arg 1") && Catch::Contains("placement 7") && Catch::Contains("mock"));
     bad.args[1].placement = Placement::Host;
     bad.args[2].direction = static_cast<Direction>(9);  // a zero-byte arg: still refused
     auto direction = stager.bind(bad.args);
@@ -265,4 +266,36 @@ TEST_CASE("stager: a bind reading state a live run will still copy back is refus
     auto after = stager.bind(step.args);  // finished: the state is current
     REQUIRE(after.ok());
     REQUIRE(stager.finish(std::move(*after)).ok());
+}
+
+TEMPLATE_TEST_CASE("stager: a host allocation failing anywhere in a run is out_of_memory, never a crash",
+                   "[stager][faults]", RetainedBump<>, PerTensorMalloc<>,
+                   (RetainedBump<ExactGrowth, 1024, PackSmall<>>)) {
+    test::HostRun host = decode_like(101);
+    int reached = 0;
+    for (int n = 1; n < 200; ++n) {
+        MockBackend mock(MockConfig{.sink = &test::quiet_sink});
+        Stager<MockBackend, TestType> stager(mock, TestType{}, 2);
+        stager.set_error_sink(&test::quiet_sink);
+        test::HostRun copy = host;
+        copy.relink();
+        test::fail_nth_new(n);
+        Result<StagedRun> run = stager.bind(copy.args);
+        Status outcome = run.ok() ? stager.finish(std::move(*run)) : run.status();
+        const bool failed_before_the_end = test::new_failure_countdown == 0;
+        test::stop_failing_new();
+        CAPTURE(n);
+        if (!outcome.ok()) {
+            CHECK(outcome.code() == Errc::out_of_memory);
+            ++reached;
+        }
+        CHECK(stager.live_runs() == 0);
+        test::HostRun clean = host;
+        clean.relink();
+        CHECK(run_once(stager, mock, clean).ok());  // usable afterwards
+        REQUIRE(stager.release().ok());
+        CHECK(mock.live_device_allocations() == 0);
+        if (!failed_before_the_end) break;  // the run made fewer than n allocations: all covered
+    }
+    CHECK(reached > 0);
 }

@@ -99,10 +99,12 @@ public:
         return ++next_seq_;
     }
 
-    // After an enqueue: eager mode runs the stream up to the new operation now.
+    // After an enqueue, which succeeded: eager mode runs the stream up to the new operation
+    // now. When host memory runs out ordering that work, it stays pending, as in deferred
+    // mode, and runs at the next drain — the enqueue is not reported as refused.
     Status settle(std::unique_lock<std::mutex>& lock, std::uint32_t stream, std::uint64_t seq) noexcept {
-        if (deferred_) return {};
-        return drain(lock, Target{stream, seq}, true);
+        if (!deferred_) (void)drain(lock, Target{stream, seq}, true);
+        return {};
     }
 
     // Runs pending work until `target` is reached (nullopt: until none is left). Whenever
