@@ -460,7 +460,10 @@ TEST_CASE("mock: deferred event_ready answers not ready, then runs the work", "[
     REQUIRE(mock.device_free(device).ok());
 }
 
-TEST_CASE("mock: a failure when run is reported by the next recording and by synchronize", "[mock][async]") {
+TEST_CASE(
+    "mock: a failure when run is reported by every later recording of its stream and of streams waiting for it, until "
+    "cleared, and once by synchronize",
+    "[mock][async]") {
     for (const bool is_deferred : {false, true}) {
         CAPTURE(is_deferred);
         MockBackend mock(MockConfig{.deferred_async = is_deferred});
@@ -484,11 +487,25 @@ TEST_CASE("mock: a failure when run is reported by the next recording and by syn
         CHECK_THAT(reported.message(), Catch::Contains("mock copy_to_device_async: injected failure of call 2") &&
                                            Catch::Contains("stream " + std::to_string(stream.id)));
         CHECK(mock.event_ready(failed).status().code() == Errc::backend_failure);
-        CHECK(mock.synchronize_event(clean).ok());
+        CHECK(mock.synchronize_event(clean).code() == Errc::backend_failure);  // sticky on the stream
         CHECK(mock.synchronize_event(elsewhere).ok());
         CHECK(devstage::test::read_device(mock, device, bytes) == first);  // the failed copy moved nothing
         CHECK(mock.synchronize().code() == Errc::backend_failure);
         CHECK(mock.synchronize().ok());  // reported once
+
+        // A stream that waits for a failed recording inherits the failure.
+        const Event joined = event_of(mock);
+        REQUIRE(mock.stream_wait_event(other, clean).ok());
+        REQUIRE(mock.record_event(joined, other).ok());
+        CHECK(mock.synchronize_event(joined).code() == Errc::backend_failure);
+
+        // clear_faults() clears it: later recordings are clean again.
+        mock.clear_faults();
+        REQUIRE(mock.record_event(clean, stream).ok());
+        REQUIRE(mock.record_event(joined, other).ok());
+        CHECK(mock.synchronize_event(clean).ok());
+        CHECK(mock.synchronize_event(joined).ok());
+        REQUIRE(mock.destroy_event(joined).ok());
 
         // A host function that fails when run is not called.
         std::vector<std::string> log;

@@ -234,15 +234,21 @@ public:
     }
     /// Makes the k-th call of `op` — copy_to_device_async, copy_from_device_async or
     /// launch_host_func; other operations ignore it — succeed, then fail with `code` when it
-    /// runs: no byte moves, no function is called. The failure is reported by the next
-    /// recording on that stream (synchronize_event, event_ready) and by synchronize().
+    /// runs: no byte moves, no function is called. The failure is sticky, as a device's
+    /// asynchronous errors are: every later recording on that stream — and on streams that wait
+    /// for one of them — reports it (synchronize_event, event_ready) until clear_faults(); the
+    /// next synchronize() reports it once.
     void fail_when_run(MockOp op, std::uint64_t k, Errc code = Errc::backend_failure) noexcept {
         std::lock_guard lock(mutex_);
         recorder_.fail_when_run(op, k, code);
     }
+    /// Clears the faults armed by fail_call, fail_from and fail_when_run — on enqueued work
+    /// not run yet, too — and the failures of work that already ran: recordings from now on
+    /// are clean.
     void clear_faults() noexcept {
         std::lock_guard lock(mutex_);
         recorder_.clear_faults();
+        engine_.clear_failures();
     }
 
     // ---- observation ------------------------------------------------------------------

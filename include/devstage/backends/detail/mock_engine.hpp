@@ -40,7 +40,7 @@ public:
         std::uint32_t stream = 0;
         std::uint32_t polls = 0;  // "not ready" answers given
         bool done = false;
-        Status failure;  // the first failure of work on its stream since the previous recording
+        Status failure;  // the failure of work on its stream before it (sticky until clear_failures)
     };
     // An enqueued operation. `seq` orders every operation of the mock by enqueue time.
     struct Pending {
@@ -59,7 +59,7 @@ public:
     struct StreamState {
         std::deque<Pending> queue;
         bool running = false;  // its first operation, a host function, runs with the lock released
-        Status failure;        // the first failure since its last recording
+        Status failure;        // the first failure of work on it (sticky until clear_failures)
     };
     // What a drain must reach: every operation of `stream` up to `seq` has run.
     struct Target {
@@ -150,6 +150,15 @@ public:
 
     /// The first failure of enqueued work since the previous call, and forgets it.
     Status take_failure() noexcept { return std::exchange(async_failure_, Status()); }
+    /// Forgets the failures of enqueued work, and those armed on work not run yet: nothing
+    /// fails from now on (recordings already completed keep what they report).
+    void clear_failures() noexcept {
+        for (auto& [id, stream] : streams_) {
+            stream.failure = {};
+            for (Pending& pending : stream.queue) pending.failure = {};
+        }
+        async_failure_ = {};
+    }
 
     // ---- synchronous use of memory ----------------------------------------------------------
 
@@ -242,8 +251,11 @@ private:
         } else if (head.op == MockOp::copy_to_device_async || head.op == MockOp::copy_from_device_async) {
             std::memcpy(head.dst, head.src, head.bytes);
         } else if (head.op == MockOp::record_event) {
-            head.recording->failure = std::exchange(stream.failure, Status());
+            head.recording->failure = stream.failure;  // sticky: every later recording reports it
             head.recording->done = true;
+        } else if (head.op == MockOp::stream_wait_event) {
+            // Work after the wait depends on the failed work: the stream inherits its failure.
+            if (stream.failure.ok()) stream.failure = head.recording->failure;
         } else if (head.op == MockOp::launch_host_func) {
             const HostFunction function = head.function;
             void* user_data = head.user_data;
@@ -255,7 +267,6 @@ private:
             lock.lock();
             stream.running = false;
         }
-        // A stream_wait_event runs once its recording is done: nothing left to do.
         stream.queue.pop_front();
         progress_.notify_all();
     }

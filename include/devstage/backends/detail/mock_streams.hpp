@@ -212,7 +212,8 @@ public:
         if (target == nullptr) {
             return recorder_.finish(op, nullptr, 0, unknown_stream(op, stream), stream, event);
         }
-        if (recorded->second == nullptr || recorded->second->done) {
+        // Nothing to wait for; a failed recording is still enqueued, to hand its failure on.
+        if (recorded->second == nullptr || (recorded->second->done && recorded->second->failure.ok())) {
             return recorder_.finish(op, nullptr, 0, {}, stream, event);
         }
         std::uint64_t seq = 0;
