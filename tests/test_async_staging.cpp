@@ -116,6 +116,7 @@ TEST_CASE("async stager: a copy that fails while it runs is reported by wait(), 
         const Status failed = done->wait();
         CHECK_FALSE(failed.ok());
         CHECK_THAT(failed.message(), Catch::Contains("injected"));
+        mock.clear_faults();  // the failure is sticky on the stream until cleared
         test::HostRun again = random_run(52);
         const auto expected = reference(mock, again);
         Kernel<MockBackend> next;
@@ -155,11 +156,16 @@ TEMPLATE_TEST_CASE("async stager: failing the k-th call of any operation of a st
         calls = probe.total_calls() - before;
         REQUIRE(probe.destroy_stream(stream).ok());
     }
+    // Finished on the bind's stream, or on another one (which then waits for the bind's).
+    const bool across = GENERATE(false, true);
+    CAPTURE(across);
     for (std::uint64_t k = 1; k <= calls; ++k) {
         for (std::size_t index = 0; index < mock_op_count; ++index) {
             const auto op = static_cast<MockOp>(index);
             MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = deferred});
             const auto stream = test::make_stream(mock);
+            const auto other = test::make_stream(mock);
+            const auto finish_on = across ? other : stream;
             Status outcome;
             {
                 Stager<MockBackend, TestType> stager(mock);
@@ -169,7 +175,7 @@ TEMPLATE_TEST_CASE("async stager: failing the k-th call of any operation of a st
                 test::HostRun copy = host;
                 copy.relink();
                 Kernel<MockBackend> kernel;
-                Result<Completion> done = stream_run(stager, mock, copy, kernel, stream, stream);
+                Result<Completion> done = stream_run(stager, mock, copy, kernel, stream, finish_on);
                 outcome = done.ok() ? done->wait() : done.status();
                 if (outcome.ok() && !kernel.status.ok()) outcome = kernel.status;
                 const bool injected = mock.calls(op) >= base + k;
@@ -180,23 +186,28 @@ TEMPLATE_TEST_CASE("async stager: failing the k-th call of any operation of a st
                     CHECK(outcome.ok());
                 }
                 CHECK(stager.live_runs() == 0);
+                // Nothing was freed, rewritten or reused while enqueued work still used it.
+                CHECK(mock.misuses() == 0);
                 mock.clear_faults();
                 test::HostRun clean = host;
                 clean.relink();
                 Kernel<MockBackend> next;
-                Result<Completion> again = stream_run(stager, mock, clean, next, stream, stream);
+                Result<Completion> again = stream_run(stager, mock, clean, next, stream, finish_on);
                 REQUIRE(again.ok());
                 REQUIRE(again->wait().ok());
                 (void)stager.release();
+                CHECK(mock.misuses() == 0);
             }
             CAPTURE(k, to_string(op));
             // Nothing left but what the backend itself refused to free.
             std::size_t refused = 0;
             for (const MockCall& call : mock.journal()) {
-                refused += (call.op == MockOp::device_free || call.op == MockOp::pinned_free) && call.result != Errc::ok;
+                refused +=
+                    (call.op == MockOp::device_free || call.op == MockOp::pinned_free) && call.result != Errc::ok;
             }
             CHECK(mock.live_device_allocations() + mock.live_pinned_allocations() <= refused);
             (void)mock.destroy_stream(stream);
+            (void)mock.destroy_stream(other);
         }
     }
 }
@@ -282,4 +293,54 @@ TEST_CASE("async stager: with two slots, run k+1 binds and uploads while run k s
     CHECK(sim.stats().pageable_async_copies == pageable);  // every copy of the pipeline overlapped
     REQUIRE(stager.release().ok());
     REQUIRE(sim.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: a failed readiness query is ready()'s error; wait() then settles the run",
+          "[async][stager][faults]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    Stager<MockBackend> stager(mock);
+    stager.set_error_sink(&test::quiet_sink);
+    test::HostRun host = random_run(71);
+    host.add(700, Direction::InOut, 710);
+    host.relink();
+    const auto expected = reference(mock, host);
+    Kernel<MockBackend> kernel;
+    Result<Completion> done = stream_run(stager, mock, host, kernel, stream, stream);
+    REQUIRE(done.ok());
+    mock.fail_call(MockOp::event_ready, mock.calls(MockOp::event_ready) + 1);
+    const Result<bool> asked = done->ready();
+    REQUIRE_FALSE(asked.ok());
+    CHECK_THAT(asked.status().message(), Catch::Contains("event_ready"));
+    CHECK(done->pending());  // nothing settled: the work may still run
+    CHECK(mock.misuses() == 0);
+    REQUIRE(done->wait().ok());
+    CHECK(host.buffers == expected);
+    REQUIRE(stager.release().ok());
+    CHECK(mock.misuses() == 0);
+    CHECK(mock.live_device_allocations() == 0);
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: a synchronous finish whose stream cannot be created ends the run", "[async][stager][faults]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    Stager<MockBackend, PerTensorMalloc<>> stager(mock);
+    stager.set_error_sink(&test::quiet_sink);
+    test::HostRun host = random_run(72);
+    host.add(300, Direction::Out, 720);
+    host.relink();
+    const auto before = host.buffers;
+    Result<StagedRun> run = stager.bind(host.args, stream);  // the stager's own stream is not made yet
+    REQUIRE(run.ok());
+    mock.fail_call(MockOp::create_stream, mock.calls(MockOp::create_stream) + 1);
+    const Status finished = stager.finish(std::move(*run));
+    CHECK(finished.code() == Errc::backend_failure);
+    CHECK_THAT(finished.message(), Catch::Contains("creating its stream"));
+    CHECK_FALSE(run->live());
+    CHECK(stager.live_runs() == 0);
+    CHECK(mock.live_device_allocations() == 0);  // the Free leases went back once the uploads completed
+    CHECK(host.buffers == before);               // nothing copied back
+    CHECK(mock.misuses() == 0);
+    REQUIRE(mock.destroy_stream(stream).ok());
 }

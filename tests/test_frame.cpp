@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "async_support.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/strategy/packing.hpp"
@@ -24,8 +25,7 @@ const TensorShape decode_shapes[] = {
     {128, Direction::In},     // sequence lengths
     {64, Direction::In},      // slot mapping
     {0, Direction::In},       // empty
-    {4096, Direction::InOut},
-    {163840, Direction::Out},  // logits
+    {4096, Direction::InOut}, {163840, Direction::Out},  // logits
 };
 
 void fill(const HostFrame& frame, std::uint32_t seed) {
@@ -63,7 +63,7 @@ TEST_CASE("frame: inputs written in place upload with one copy and no host copy"
     auto run = stager.bind(frame->args());
     REQUIRE(run.ok());
     CHECK(mock.calls(MockOp::copy_to_device_async) - uploads == 1);  // every In/InOut byte in one copy
-    CHECK(stager.stats().mirror_copy_bytes == 0);              // and no host memcpy
+    CHECK(stager.stats().mirror_copy_bytes == 0);                    // and no host memcpy
     REQUIRE(test::fake_kernel(mock, run->device_args(), frame->args()).ok());
     const std::uint64_t downloads = mock.calls(MockOp::copy_from_device_async);
     REQUIRE(stager.finish(std::move(*run)).ok());
@@ -95,8 +95,8 @@ TEST_CASE("frame: a frame binds once; its args again are a stale frame", "[frame
     auto again = stager.bind(frame->args());
     REQUIRE_FALSE(again.ok());
     CHECK(again.status().code() == Errc::invalid_argument);
-    CHECK_THAT(again.status().message(), Catch::Contains("stale frame") && Catch::Contains("slot 0") &&
-                                             Catch::Contains("mock"));
+    CHECK_THAT(again.status().message(),
+               Catch::Contains("stale frame") && Catch::Contains("slot 0") && Catch::Contains("mock"));
     auto by_frame = stager.bind(*frame);
     CHECK(by_frame.status().code() == Errc::invalid_argument);
     // The stager is fine: a fresh frame binds.
@@ -187,10 +187,62 @@ TEST_CASE("frame: release drops an unbound frame", "[frame]") {
 
 namespace {
 template <class S>
-concept hands_out_frames = requires(S& s, std::span<const TensorShape> shapes) { s.frame(shapes); };
+concept hands_out_frames = requires(S& s, std::span<const TensorShape> shapes) {
+    s.frame(shapes);
+};
 }  // namespace
 
 TEST_CASE("frame: only packing strategies hand out frames", "[frame]") {
     STATIC_REQUIRE(hands_out_frames<Stager<MockBackend, Packed>>);
     STATIC_REQUIRE_FALSE(hands_out_frames<Stager<MockBackend>>);
+}
+
+TEST_CASE("frame: no shapes is invalid_argument, and the stager stays usable", "[frame][misuse]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto empty = stager.frame(std::span<const TensorShape>{});
+    REQUIRE_FALSE(empty.ok());
+    CHECK(empty.status().code() == Errc::invalid_argument);
+    CHECK_THAT(empty.status().message(), Catch::Contains("no shapes") && Catch::Contains("mock"));
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    auto run = stager.bind(*frame);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+}
+
+TEST_CASE("frame: reserve is busy while a frame is unbound, since it would move the mirror", "[frame]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    fill(*frame, 9);
+    std::byte* const mirror = stager.strategy().mirror();
+    const Status reserved = stager.reserve(std::size_t{1} << 22);
+    CHECK(reserved.code() == Errc::busy);
+    CHECK_THAT(reserved.message(), Catch::Contains("reserve") && Catch::Contains("1 unbound frame(s)"));
+    CHECK(stager.strategy().mirror() == mirror);  // the frame's memory is where it was
+    auto run = stager.bind(*frame);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    REQUIRE(stager.reserve(std::size_t{1} << 22).ok());  // bound: reserve goes ahead
+    CHECK(stager.strategy().mirror_capacity() >= std::size_t{1} << 22);
+}
+
+TEST_CASE("frame: a stale frame is invalid_argument before the stager makes its stream", "[frame][misuse]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink});
+    Stager<MockBackend, Packed> stager(mock);
+    const auto stream = test::make_stream(mock);
+    auto frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    auto run = stager.bind(*frame, stream);
+    REQUIRE(run.ok());
+    Result<Completion> done = stager.finish(std::move(*run), stream);
+    REQUIRE(done.ok());
+    REQUIRE(done->wait().ok());
+    mock.fail_from(MockOp::create_stream, mock.calls(MockOp::create_stream) + 1);  // the own stream cannot be made
+    auto stale = stager.bind(*frame);
+    CHECK(stale.status().code() == Errc::invalid_argument);
+    mock.clear_faults();
+    REQUIRE(mock.destroy_stream(stream).ok());
 }

@@ -17,20 +17,20 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <span>
 #include <utility>
 #include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
+#include "devstage/detail/message.hpp"
+#include "devstage/detail/slot_fence.hpp"
 #include "devstage/detail/stager_messages.hpp"
 #include "devstage/detail/stager_slot.hpp"
 #include "devstage/detail/transfers.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/slot_fence.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/pageable.hpp"
@@ -38,9 +38,9 @@
 #include "devstage/run.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
-#include "devstage/stream.hpp"
 #include "devstage/strategy/concept.hpp"
 #include "devstage/strategy/retained_bump.hpp"
+#include "devstage/stream.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
@@ -72,7 +72,8 @@ consteval bool streams_complete() {
 /// The backend must outlive the stager. Not thread-safe: one runner drives it.
 template <Backend B, class Strategy = RetainedBump<>>
 class Stager final : private detail::RunOwner, private detail::CompletionOwner {
-    static_assert(StagingStrategy<Strategy, B>, "the strategy does not model devstage::StagingStrategy for this backend");
+    static_assert(StagingStrategy<Strategy, B>,
+                  "the strategy does not model devstage::StagingStrategy for this backend");
     static_assert(detail::streams_complete<B>());
 
 public:
@@ -107,22 +108,16 @@ public:
     /// args; returns once they are on the device. On failure everything taken is released and
     /// the stager is ready for the next bind. A free slot is taken (busy when none is).
     Result<StagedRun> bind(std::span<const TensorArg> args) noexcept {
-        Result<Stream> stream = synchronous_stream();
-        if (!stream) return stream.status();
-        return bind_and_drain(pick_slot(args), args, *stream);
+        return bind_synchronously(pick_slot(args), args);
     }
     /// As bind(args), on the slot the caller chooses (invalid_argument out of range, busy when
     /// it holds a live run or an unbound frame).
     Result<StagedRun> bind_slot(std::size_t slot, std::span<const TensorArg> args) noexcept {
-        Result<Stream> stream = synchronous_stream();
-        if (!stream) return stream.status();
-        return bind_and_drain(chosen_slot(slot, args), args, *stream);
+        return bind_synchronously(chosen_slot(slot, args), args);
     }
     /// Binds a frame from frame() (uploads its In/InOut bytes with one copy).
     Result<StagedRun> bind(const HostFrame& frame) noexcept {
-        Result<Stream> stream = synchronous_stream();
-        if (!stream) return stream.status();
-        return bind_and_drain(frame_slot(frame), frame.args(), *stream);
+        return bind_synchronously(frame_slot(frame), frame.args());
     }
 
     /// Enqueues the run's uploads on `stream`: the device args are valid for work enqueued on
@@ -141,10 +136,18 @@ public:
     /// Ends a run: copies back Out/InOut args when `execution` is ok, releases every lease by
     /// its kind, and returns the first error of its own copy-backs and releases (it does not
     /// echo `execution`). The kernel must have completed before this call. A run of another
-    /// stager, or one no longer live, is invalid_argument and is left untouched.
+    /// stager, or one no longer live, is invalid_argument and is left untouched. When the
+    /// stager's own stream cannot be created, the run ends without copy-backs (its leases are
+    /// released) and that failure is returned.
     Status finish(StagedRun&& run, const Status& execution = {}) noexcept {
+        if (Status valid = check_run(run); !valid) return valid;
         Result<Stream> stream = synchronous_stream();
-        if (!stream) return stream.status();
+        if (!stream) {  // the run ends, without copy-backs
+            const std::size_t index = run.slot_;
+            if (Status ended = end_live_run(slots_[index]); !ended) sink_(ended);
+            settle(index);
+            return stream.status();
+        }
         Result<Completion> done = finish(std::move(run), *stream, execution);
         if (!done) return done.status();
         return done->wait();
@@ -160,6 +163,8 @@ public:
         const std::size_t index = run.slot_;
         Slot& slot = slots_[index];
         Status first = slot.fence.join(async(), slot.bind_stream, stream);
+        // Without the join nothing is enqueued on `stream`: the uploads are what pends.
+        const Stream fenced = first.ok() ? stream : slot.bind_stream;
         typename Moves::CopyBacks backs;
         if (execution.ok() && first.ok()) backs = moves().copy_back(slot, stream, first);
         stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
@@ -172,7 +177,7 @@ public:
         stats_.copy_backs += backs.calls;
         if constexpr (!immediate) stats_.async_copy_backs += backs.calls;
 
-        if (Status recorded = slot.fence.record(async(), stream); !recorded && first.ok()) first = recorded;
+        if (Status recorded = slot.fence.record(async(), fenced); !recorded && first.ok()) first = recorded;
         slot.uses_mirror = slot.uses_mirror || slot.unpack;
         ++slot.generation;
         Status released = release_leases(slot);
@@ -195,15 +200,20 @@ public:
     /// The pinned mirror of a slot that no pending work still reads or writes (waiting,
     /// counted in host_waits, if none is), laid out for `shapes` with every tensor packed; the
     /// caller writes its inputs into `host(i)`, then binds the frame (or `frame->args()`) on
-    /// that slot. Busy when every slot holds a live run or an unbound frame. Needs a packing
-    /// strategy (RetainedBump with PackSmall).
+    /// that slot. Busy when every slot holds a live run or an unbound frame; invalid_argument
+    /// for no shapes. Needs a packing strategy (RetainedBump with PackSmall).
     Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept
         requires(detail::pack_limit_of<Strategy>() > 0) {
+        if (shapes.empty()) {
+            return Status(Errc::invalid_argument,
+                          with_backend("stager frame: no shapes; a frame holds at least one tensor (bind an empty "
+                                       "arg list instead)"));
+        }
         const std::optional<std::size_t> free = free_slot();
         if (!free) return busy("frame");
         const std::size_t index = *free;
         Slot& slot = slots_[index];
-        settle(index);
+        if (Status settled = settle_fully(index, "frame"); !settled) return settled;
         Result<StagingLayout> layout = slot.plan_frame(shapes, this);
         if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
         if (Status grown = grow(index, *layout); !grown) return grown;
@@ -214,12 +224,16 @@ public:
     // ---- growth control and buffer ownership --------------------------------------------
 
     /// Grows every slot's retained buffer (and mirror) to at least `bytes` now, so later runs
-    /// up to that size never move device addresses (for captured graphs). Busy while a run is
-    /// live.
+    /// up to that size never move device addresses (for captured graphs), after waiting for
+    /// the slots' pending work. Busy while a run is live or a frame unbound.
     Status reserve(std::size_t bytes) noexcept {
-        if (live_runs() > 0) return busy("reserve");
+        const auto framed = static_cast<std::size_t>(
+            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed; }));
+        if (live_runs() > 0 || framed > 0)
+            return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
         const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
         for (std::size_t index = 0; index < slots_.size(); ++index) {
+            if (Status settled = settle_fully(index, "reserve"); !settled) return settled;
             StagingLayout layout;
             layout.required_bytes = bytes;
             layout.packed_bytes = mirror;
@@ -230,8 +244,11 @@ public:
 
     /// Takes ownership of a device buffer allocated elsewhere as slot `slot`'s retained buffer
     /// (an empty slot with no run; a later grow or release frees it).
-    Status adopt(std::size_t slot, void* allocation, std::size_t bytes) noexcept
-        requires requires(Strategy& s, B& b, void* p, std::size_t n, StagerStats& st) { s.adopt(b, p, n, st); } {
+    Status adopt(std::size_t slot, void* allocation, std::size_t bytes) noexcept requires
+        requires(Strategy& s, B& b, void* p, std::size_t n, StagerStats& st) {
+        s.adopt(b, p, n, st);
+    }
+    {
         if (slot >= slots_.size()) return out_of_range("adopt", slot);
         if (slots_[slot].live || slots_[slot].framed) return busy("adopt");
         settle(slot);
@@ -244,17 +261,20 @@ public:
 
     /// Hands slot `slot`'s retained buffer to the caller without freeing it (after waiting for
     /// pending work that uses it); the slot is empty afterwards.
-    Result<RetainedBuffer> detach(std::size_t slot) noexcept
-        requires requires(Strategy& s, StagerStats& st) { s.detach(st); } {
+    Result<RetainedBuffer> detach(std::size_t slot) noexcept requires requires(Strategy& s, StagerStats& st) {
+        s.detach(st);
+    }
+    {
         if (slot >= slots_.size()) return out_of_range("detach", slot);
         if (slots_[slot].live || slots_[slot].framed) return busy("detach");
-        settle(slot);
+        if (Status settled = settle_fully(slot, "detach"); !settled) return settled;
         return slots_[slot].strategy.detach(stats_);
     }
 
     /// Gives back all device memory now: waits for pending work, releases a live run's leases
     /// (no copy-back; its handle becomes inert), then every retained buffer. Unbound frames are
-    /// dropped. The stager stays usable.
+    /// dropped. A slot whose pending work cannot be waited for keeps its memory (the failure
+    /// is returned; a later release() tries again). The stager stays usable.
     Status release() noexcept {
         Status first;
         for (std::size_t index = 0; index < slots_.size(); ++index) {
@@ -272,7 +292,11 @@ public:
             }
         }
         for (std::size_t index = 0; index < slots_.size(); ++index) {
-            settle(index);
+            if (Status settled = settle_fully(index, "release"); !settled) {
+                // Pending work may still use the slot's memory: it is kept for a later release().
+                if (first.ok()) first = std::move(settled);
+                continue;
+            }
             Slot& slot = slots_[index];
             Status freed = slot.strategy.release_retained(*backend_, stats_);
             if (first.ok()) first = std::move(freed);
@@ -314,8 +338,8 @@ public:
     /// when its TensorArg says so, else when the backend's `is_pinned` query (if it has one)
     /// says it is not pinned, else it is assumed pageable. The chunks are allocated at first
     /// use; busy while a run is live. See docs/staging.md for when it pays.
-    Status set_pageable_ring(const PageableRing& ring, HostCopyPool* pool = nullptr) noexcept
-        requires PinnedHostBackend<B> {
+    Status set_pageable_ring(const PageableRing& ring,
+                             HostCopyPool* pool = nullptr) noexcept requires PinnedHostBackend<B> {
         if (Status cleared = clear_pageable_ring(); !cleared) return cleared;
 #if defined(__cpp_exceptions)
         try {
@@ -342,15 +366,23 @@ public:
 
     // ---- inspection ---------------------------------------------------------------------
 
-    const StagerStats& stats() const noexcept { return stats_; }
+    const StagerStats& stats() const noexcept {
+        return stats_;
+    }
     /// The strategy instance of one pipeline slot (its retained buffer, for inspection).
-    const Strategy& strategy(std::size_t slot = 0) const noexcept { return slots_[slot].strategy; }
-    std::size_t pipeline_slots() const noexcept { return slots_.size(); }
+    const Strategy& strategy(std::size_t slot = 0) const noexcept {
+        return slots_[slot].strategy;
+    }
+    std::size_t pipeline_slots() const noexcept {
+        return slots_.size();
+    }
     std::size_t live_runs() const noexcept {
         return static_cast<std::size_t>(
             std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
     }
-    B& backend() const noexcept { return *backend_; }
+    B& backend() const noexcept {
+        return *backend_;
+    }
     /// Host memory the stager holds for its per-arg state (leases, device args); it grows to
     /// the largest run and is given back by release(). (The arg lists of frames stay, so that
     /// a stale frame is recognized.)
@@ -361,7 +393,9 @@ public:
     }
     /// Where failures with no caller to return to (a dropped run, an unwatched Completion, a
     /// replaced buffer whose free failed, the destructor) are reported.
-    void set_error_sink(ErrorSink sink) noexcept { sink_ = sink; }
+    void set_error_sink(ErrorSink sink) noexcept {
+        sink_ = sink;
+    }
 
 private:
     static constexpr std::size_t pack_limit = detail::pack_limit_of<Strategy>();
@@ -390,13 +424,21 @@ private:
 
     // ---- bind -----------------------------------------------------------------------------
 
+    // A synchronous bind: the slot (or why none) first, then the stager's own stream.
+    Result<StagedRun> bind_synchronously(SlotChoice choice, std::span<const TensorArg> args) noexcept {
+        if (!choice) return choice.status();
+        Result<Stream> stream = synchronous_stream();
+        if (!stream) return stream.status();
+        return bind_and_drain(std::move(choice), args, *stream);
+    }
+
     Result<StagedRun> bind_and_drain(SlotChoice choice, std::span<const TensorArg> args, Stream stream) noexcept {
         Result<StagedRun> run = bind_on(std::move(choice), args, stream);
         if (!run || immediate) return run;
         Slot& slot = slots_[run->slot_];
         if (Status drained = slot.fence.drain(async(), stream, stats_); !drained) {
-            run = Status(drained.code(), with_backend(detail::message("stager bind: the uploads failed: ",
-                                                                      drained.message())));
+            run = Status(drained.code(),
+                         with_backend(detail::message("stager bind: the uploads failed: ", drained.message())));
         }
         return run;
     }
@@ -485,15 +527,14 @@ private:
     Status make_ready(std::size_t index, Stream stream, bool host_writes_mirror) noexcept {
         Slot& slot = slots_[index];
         if (Status prepared = slot.fence.prepare(async()); !prepared) {
-            return Status(prepared.code(), with_backend(detail::message("stager bind: creating the slot's events failed: ",
-                                                                        prepared.message())));
+            return Status(
+                prepared.code(),
+                with_backend(detail::message("stager bind: creating the slot's events failed: ", prepared.message())));
         }
         if (slot.fence.pending()) {
             Result<bool> ready = slot.fence.poll(async());
-            if (!ready) {
-                settle_with(index, ready.status());
-            } else if (!*ready && host_writes_mirror && slot.uses_mirror) {
-                settle(index);
+            if (!ready || (!*ready && host_writes_mirror && slot.uses_mirror)) {
+                if (Status settled = settle_fully(index, "bind"); !settled) return settled;
             } else if (!*ready) {
                 return slot.fence.order_before(async(), stream);
             }
@@ -510,12 +551,13 @@ private:
             const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
             if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};
             // The host frees and rewrites the mirror as it grows: no pending work may use it.
-            if (slot.uses_mirror && need.mirror_bytes > mirror) settle(index);
+            if (slot.uses_mirror && need.mirror_bytes > mirror) {
+                if (Status settled = settle_fully(index, "grow"); !settled) return settled;
+            }
         }
         QueueContext context{this, index};
-        Status grown = with_queue(slot, context, [&](FreeQueue<B>& queue) {
-            return slot.strategy.prepare(*backend_, need, stats_, queue);
-        });
+        Status grown = with_queue(
+            slot, context, [&](FreeQueue<B>& queue) { return slot.strategy.prepare(*backend_, need, stats_, queue); });
         slot.note_base(stats_);
         return grown;
     }
@@ -536,10 +578,7 @@ private:
     }
     static Status settle_for_queue(void* context) noexcept {
         auto* queue = static_cast<QueueContext*>(context);
-        Slot& slot = queue->stager->slots_[queue->index];
-        Status status = slot.fence.wait(queue->stager->async(), queue->stager->stats_);
-        queue->stager->settle_with(queue->index, status);
-        return status;
+        return queue->stager->settle_fully(queue->index, "grow");
     }
 
     // A bind while other runs are live must not read or write host memory their copy-backs
@@ -563,18 +602,35 @@ private:
         settle_with(index, slot.fence.wait(async(), stats_));
     }
 
+    // settle(), and an error when the work stays pending (its event could not be waited for,
+    // on a backend without synchronize()): the slot's memory is then still in use.
+    Status settle_fully(std::size_t index, const char* what) noexcept {
+        Slot& slot = slots_[index];
+        Status waited = slot.fence.wait(async(), stats_);
+        settle_with(index, waited);
+        if (!slot.fence.pending()) return {};
+        return Status(waited.code(), with_backend(detail::message("stager ", what, ": the pending work of slot ", index,
+                                                                  " could not be waited for: ", waited.message())));
+    }
+
     // Settles slot `index` once its pending work is known complete (with `status`): frees what
     // waited for it, copies packed outputs to the callers, and hands the result to the
     // completions watching it (to the error sink when none does).
     void settle_with(std::size_t index, Status status) noexcept {
         Slot& slot = slots_[index];
+        if (slot.fence.pending()) {
+            // Not known complete: what waits for it stays held; the outputs are not delivered.
+            slot.unpack = false;
+            resolve_settled(index, status);
+            return;
+        }
         for (void* allocation : slot.deferred) {
             ++stats_.device_frees;
             if (Status freed = backend_->device_free(allocation); !freed) {
                 ++stats_.free_failures;
                 if (status.ok()) {
-                    status = Status(freed.code(), with_backend(detail::message("stager: a deferred device_free failed: ",
-                                                                               freed.message())));
+                    status = Status(freed.code(), with_backend(detail::message(
+                                                      "stager: a deferred device_free failed: ", freed.message())));
                 }
             }
         }
@@ -582,6 +638,12 @@ private:
         if (slot.unpack && status.ok()) moves().unpack(slot);
         slot.unpack = false;
         slot.uses_mirror = false;
+        resolve_settled(index, status);
+    }
+
+    // Hands `status` to the completions watching slot `index` (to the error sink when none does).
+    void resolve_settled(std::size_t index, const Status& status) noexcept {
+        Slot& slot = slots_[index];
         const std::uint64_t generation = slot.generation;
         const bool owed = slot.settled < generation;
         slot.settled = generation;
@@ -637,23 +699,25 @@ private:
         if (Status status = end_live_run(s); !status) sink_(status);
         settle(slot);
     }
-    void relink_run(std::size_t slot, StagedRun* handle) noexcept override { slots_[slot].handle = handle; }
+    void relink_run(std::size_t slot, StagedRun* handle) noexcept override {
+        slots_[slot].handle = handle;
+    }
 
-    void settle_completion(Completion& completion) noexcept override { settle(completion_slot(completion)); }
+    void settle_completion(Completion& completion) noexcept override {
+        settle(completion_slot(completion));
+    }
     Result<bool> poll_completion(Completion& completion) noexcept override {
         const std::size_t index = completion_slot(completion);
         Result<bool> ready = slots_[index].fence.poll(async());
-        if (!ready) {
-            settle_with(index, ready.status());
-            return true;
-        }
-        if (*ready) settle_with(index, Status());
-        return *ready;
+        if (ready && *ready) settle_with(index, Status());
+        return ready;  // a failed query settles nothing: wait() then does
     }
     void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept override {
         if (slots_[slot].settled < generation) settle(slot);
     }
-    static std::size_t completion_slot(const Completion& completion) noexcept { return slot_of(completion); }
+    static std::size_t completion_slot(const Completion& completion) noexcept {
+        return slot_of(completion);
+    }
 
     // ---- slot choice -------------------------------------------------------------------------
 
@@ -683,7 +747,8 @@ private:
         if (index >= slots_.size()) return out_of_range("bind_slot", index);
         if constexpr (pack_limit > 0) {
             if (std::optional<SlotChoice> framed = framed_slot(args)) {
-                if (*framed && **framed != index) return detail::frame_of_another_slot(**framed, index, backend_->name());
+                if (*framed && **framed != index)
+                    return detail::frame_of_another_slot(**framed, index, backend_->name());
                 return *framed;
             }
         }
@@ -720,7 +785,7 @@ private:
                 if (!created) {
                     return Status(created.status().code(),
                                   with_backend(detail::message("stager: creating its stream failed: ",
-                                                              created.status().message())));
+                                                               created.status().message())));
                 }
                 own_stream_ = *created;
             }
@@ -735,7 +800,9 @@ private:
             return Moves(*backend_, async(), stats_, nullptr, ring_threshold_);
         }
     }
-    std::string with_backend(std::string_view message) const { return detail::on_backend(message, backend_->name()); }
+    std::string with_backend(std::string_view message) const {
+        return detail::on_backend(message, backend_->name());
+    }
     Status busy(const char* what) const noexcept {
         return detail::all_slots_busy(what, slots_.size(), backend_->name());
     }

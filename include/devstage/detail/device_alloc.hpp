@@ -41,9 +41,9 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     }
     ++stats.device_mallocs;
     if (*pointer == nullptr || !is_aligned(*pointer, B::device_alignment)) {
-        const std::string refused = message(what, ": backend '", backend.name(), "' returned ",
-                                            static_cast<const void*>(*pointer), " for ", *total,
-                                            " bytes, not aligned to its device_alignment ", B::device_alignment);
+        const std::string refused =
+            message(what, ": backend '", backend.name(), "' returned ", static_cast<const void*>(*pointer), " for ",
+                    *total, " bytes, not aligned to its device_alignment ", B::device_alignment);
         ++stats.device_frees;
         (void)backend.device_free(*pointer);
         return Status(Errc::backend_failure, refused);

@@ -5,6 +5,11 @@
 // its run is finished on another stream. Events are created once per slot and re-recorded:
 // every use of a slot is ordered after the previous one (same stream, or a stream wait), so
 // the latest recording completing implies every earlier one did.
+//
+// Work is pending from the moment it is enqueued until a wait or a query proves it complete.
+// A failed record leaves it pending, unmarked: the next wait, query or stream wait records
+// again first. A failed wait leaves it pending too, unless the backend can wait for the whole
+// device (SynchronizingBackend): once synchronize() returned, nothing of the slot still runs.
 
 #include "devstage/backend.hpp"
 #include "devstage/detail/message.hpp"
@@ -46,12 +51,15 @@ public:
         return {};
     }
 
-    /// Marks everything enqueued on `stream` so far as the slot's pending work.
+    /// Marks everything enqueued on `stream` so far as the slot's pending work. When the
+    /// record fails the work is pending all the same, and marked again before it is waited for.
     Status record(A& async, Stream stream) noexcept {
         if constexpr (!immediate) {
-            if (Status recorded = async.record_event(done_, stream); !recorded) return recorded;
             pending_ = true;
             stream_ = stream;
+            Status recorded = async.record_event(done_, stream);
+            unmarked_ = !recorded.ok();
+            return recorded;
         }
         return {};
     }
@@ -60,6 +68,7 @@ public:
     /// the stream that work was recorded on (stream order already holds) or when none pends.
     Status order_before(A& async, Stream stream) noexcept {
         if (!pending_ || stream == stream_) return {};
+        if (Status marked = mark(async); !marked) return marked;
         return async.stream_wait_event(stream, done_);
     }
 
@@ -85,21 +94,36 @@ public:
         return {};
     }
 
-    /// Asks, without blocking, whether the pending work completed; clears pending if so.
+    /// Asks, without blocking, whether the pending work completed; clears pending if so. A
+    /// failed query leaves it pending.
     Result<bool> poll(A& async) noexcept {
         if (!pending_) return true;
+        if (Status marked = mark(async); !marked) return marked;
         Result<bool> ready = async.event_ready(done_);
         if (ready && *ready) pending_ = false;
         return ready;
     }
 
     /// Blocks until the pending work completed. Its failure (the backend's asynchronous error,
-    /// if it reports one) is returned; the work is no longer pending either way.
+    /// if it reports one) is returned. When the slot's event cannot be waited for, the whole
+    /// device is (synchronize(), where the backend has it) and the work is complete; without
+    /// synchronize() it stays pending, and pending() says so.
     Status wait(A& async, StagerStats& stats) noexcept {
         if (!pending_) return {};
         ++stats.host_waits;
-        pending_ = false;
-        return async.synchronize_event(done_);
+        Status waited = mark(async);
+        if (waited.ok()) waited = async.synchronize_event(done_);
+        if (waited.ok()) {
+            pending_ = false;
+            return waited;
+        }
+        if constexpr (SynchronizingBackend<A>) {
+            // synchronize() returns once the device is idle, with the failure of any work.
+            (void)async.synchronize();
+            pending_ = false;
+            unmarked_ = false;
+        }
+        return waited;
     }
 
     /// Destroys the events. Precondition: nothing pending.
@@ -120,14 +144,27 @@ public:
     void forget() noexcept {
         created_ = false;
         pending_ = false;
+        unmarked_ = false;
     }
 
 private:
+    // Records the event again on the pending work's stream after a record failed there.
+    Status mark(A& async) noexcept {
+        if constexpr (!immediate) {
+            if (unmarked_) {
+                if (Status recorded = async.record_event(done_, stream_); !recorded) return recorded;
+                unmarked_ = false;
+            }
+        }
+        return {};
+    }
+
     Event done_{};
     Event bound_{};
     Stream stream_{};
     bool created_ = false;
     bool pending_ = false;
+    bool unmarked_ = false;  // pending work that a failed record left without the event
 };
 
 }  // namespace devstage::detail

@@ -24,6 +24,13 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                                       "'; finish or bind one first"));
 }
 
+[[gnu::cold]] inline Status slots_in_use(const char* what, std::size_t live, std::size_t framed,
+                                         std::string_view backend) noexcept {
+    return Status(Errc::busy, message("stager ", what, ": ", live, " live run(s) and ", framed,
+                                      " unbound frame(s) use the slots' memory on backend '", backend,
+                                      "'; finish or bind them first"));
+}
+
 [[gnu::cold]] inline Status slot_out_of_range(const char* what, std::size_t slot, std::size_t slots,
                                               std::string_view backend) noexcept {
     return Status(Errc::invalid_argument, message("stager ", what, ": slot ", slot, " out of range (", slots,
@@ -53,9 +60,9 @@ inline std::string on_backend(std::string_view message, std::string_view backend
 
 [[gnu::cold]] inline Status frame_of_another_slot(std::size_t frame_slot, std::size_t slot,
                                                   std::string_view backend) noexcept {
-    return Status(Errc::invalid_argument,
-                  on_backend(message("stager bind_slot: the frame belongs to slot ", frame_slot, ", not slot ", slot),
-                             backend));
+    return Status(
+        Errc::invalid_argument,
+        on_backend(message("stager bind_slot: the frame belongs to slot ", frame_slot, ", not slot ", slot), backend));
 }
 
 [[gnu::cold]] inline Status frame_copy(std::size_t index, const TensorArg& arg, std::size_t slot,
@@ -86,15 +93,15 @@ inline std::string on_backend(std::string_view message, std::string_view backend
 
 [[gnu::cold]] inline Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot,
                                             const TensorLease& lease, std::string_view backend) noexcept {
-    return Status(Errc::busy,
-                  on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
-                                     static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", lease.bytes,
-                                     " bytes at ", static_cast<const void*>(lease.host), ") of the live run on slot ",
-                                     slot,
-                                     ", which has not been finished: it would read or write stale data; finish that "
-                                     "run first (finished on one stream, the copy-back is ordered before this bind's "
-                                     "uploads)"),
-                             backend));
+    return Status(
+        Errc::busy,
+        on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
+                           static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", lease.bytes,
+                           " bytes at ", static_cast<const void*>(lease.host), ") of the live run on slot ", slot,
+                           ", which has not been finished: it would read or write stale data; finish that "
+                           "run first (finished on one stream, the copy-back is ordered before this bind's "
+                           "uploads)"),
+                   backend));
 }
 
 [[gnu::cold]] inline Status with_context(const Status& cause, std::string_view context,

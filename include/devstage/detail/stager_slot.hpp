@@ -99,19 +99,19 @@ struct StagerSlot {
     bool live = false;
     bool all_packed = false;  // the run is a frame: every staged arg in the mirror
     SlotFence<Async> fence;
-    std::vector<void*> deferred;  // device frees waiting for the fence
+    std::vector<void*> deferred;   // device frees waiting for the fence
     std::uint64_t generation = 0;  // finishes so far
     std::uint64_t settled = 0;     // generations whose results were handed out
     bool unpack = false;           // packed outputs wait in the mirror for the host
     bool uses_mirror = false;      // pending work reads or writes the mirror
     Stream bind_stream{};
-    std::uint64_t bound_at = 0;  // for "the slot bound longest ago"
-    std::vector<TensorArg> frame_args;  // only grows; kept by release(): frames point here
+    std::uint64_t bound_at = 0;                          // for "the slot bound longest ago"
+    std::vector<TensorArg> frame_args;                   // only grows; kept by release(): frames point here
     std::vector<std::vector<TensorArg>> retired_frames;  // outgrown frame storage, for stale frames
     StagingLayout frame_layout;
     std::size_t frame_count = 0;
     std::uint64_t frame_generation = 0;
-    bool framed = false;  // a frame is handed out and not yet bound
+    bool framed = false;        // a frame is handed out and not yet bound
     void* last_base = nullptr;  // for address_changes
     bool had_base = false;
 
@@ -148,7 +148,8 @@ struct StagerSlot {
             try {
                 retired_frames.push_back(std::move(frame_args));
             } catch (const std::bad_alloc&) {
-                return Status(Errc::out_of_memory, "stager frame: host memory for the frame's args could not be allocated");
+                return Status(Errc::out_of_memory,
+                              "stager frame: host memory for the frame's args could not be allocated");
             }
 #else
             retired_frames.push_back(std::move(frame_args));
@@ -193,7 +194,9 @@ struct StagerSlot {
         return frame(count);
     }
 
-    std::span<const TensorArg> frame(std::size_t count) const noexcept { return {frame_args.data(), count}; }
+    std::span<const TensorArg> frame(std::size_t count) const noexcept {
+        return {frame_args.data(), count};
+    }
 
     /// Gives back the per-arg host bookkeeping (not the frame storage: frames point there).
     void drop_bookkeeping() noexcept {
@@ -249,7 +252,8 @@ struct Overlap {
     std::size_t slot;
 };
 template <class Slot>
-std::optional<Overlap> find_overlap(std::span<Slot> slots, std::size_t index, std::span<const TensorArg> args) noexcept {
+std::optional<Overlap> find_overlap(std::span<Slot> slots, std::size_t index,
+                                    std::span<const TensorArg> args) noexcept {
     for (std::size_t other = 0; other < slots.size(); ++other) {
         if (other == index || !slots[other].live) continue;
         for (const TensorLease& lease : slots[other].leases()) {

@@ -86,6 +86,7 @@ public:
             }
             end = offset + ((arg.bytes + mask) & ~mask);
             // Integer arithmetic: past the capacity the pointers are not used (the run grows).
+            // NOLINTNEXTLINE(performance-no-int-to-ptr): base is the buffer's address as an integer
             void* const device = reinterpret_cast<void*>(base + offset);
             *lease++ = TensorLease{arg.data,
                                    device,
@@ -146,8 +147,9 @@ public:
                 if constexpr (limit > 0) group = static_cast<std::size_t>(group_of(arg, limit));
                 offset = next[group];
                 next[group] += (arg.bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
-                lease = TensorLease{arg.data,          base + offset, arg.bytes, copies_back(arg.direction),
-                                    ReleaseKind::BufferNoop, nullptr,        uploads(arg.direction), arg.memory};
+                lease = TensorLease{
+                    arg.data, base + offset,          arg.bytes, copies_back(arg.direction), ReleaseKind::BufferNoop,
+                    nullptr,  uploads(arg.direction), arg.memory};
             } else {
                 const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
                 if (Status acquired = slot.strategy.acquire(backend_, tensor, arg, lease, stats_); !acquired) {
@@ -331,7 +333,9 @@ private:
         if constexpr (PinnedHostBackend<B>) {
             Status status = ring_->upload(backend_, async_, lease.device, lease.host, lease.bytes, stream, stats_);
             enqueued = true;
-            if (!status) return copy_failure("bind: upload through the pageable ring", lease.bytes, status, backend_.name());
+            if (!status) {
+                return copy_failure("bind: upload through the pageable ring", lease.bytes, status, backend_.name());
+            }
             ++stats_.ring_uploads;
             stats_.bytes_to_device += lease.bytes;
             return status;
@@ -345,7 +349,8 @@ private:
         if constexpr (PinnedHostBackend<B>) {
             Status status = ring_->download(backend_, async_, lease.host, lease.device, lease.bytes, stream, stats_);
             if (!status) {
-                return copy_failure("finish: copy back through the pageable ring", lease.bytes, status, backend_.name());
+                return copy_failure("finish: copy back through the pageable ring", lease.bytes, status,
+                                    backend_.name());
             }
             ++stats_.ring_copy_backs;
             stats_.bytes_from_device += lease.bytes;
