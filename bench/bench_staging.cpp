@@ -4,9 +4,11 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <memory_resource>
 #include <optional>
 #include <span>
@@ -501,6 +503,108 @@ const bool copies_registered = [] {
                 const std::string name = std::string("copies/") + set_name + "/" + variant + "/" + mode;
                 benchmark::RegisterBenchmark(name.c_str(), bench, set)->Unit(benchmark::kMicrosecond)->UseRealTime();
             }
+        }
+    }
+    return true;
+}();
+
+// ---- 6. large pageable args: direct vs the pinned ring --------------------------------------
+// One arg of 64 MiB, 256 MiB or 1 GiB per step: an In arg (the upload of a synchronous bind) or
+// an Out arg (the copy-back of a synchronous finish). From pageable memory directly (the sim's
+// bounce buffer, modeled at the pageable rate), through a PageableRing (default chunks) with
+// 0, 1, 2, 4 or 8 copy threads besides the caller, and from pinned memory directly (the upper
+// reference). wall_GBps: bytes over the wall time of bind + finish, this machine's memcpy and
+// threads; modeled_GBps: bytes over SimStats::modeled_ns, the link model's time of the copies
+// alone (the ring's host memcpy into and out of its chunks is wall time, never modeled).
+enum class RingSource { pinned, pageable };
+
+void BM_pageable_ring(benchmark::State& state, std::size_t bytes, Direction direction, RingSource source,
+                      std::optional<std::size_t> ring_threads) {
+    SimBackend sim;
+    std::unique_ptr<std::byte[]> pageable;
+    void* pinned = nullptr;
+    TensorArg arg{nullptr, bytes, direction};
+    if (source == RingSource::pinned) {
+        Result<void*> allocated = sim.pinned_malloc(bytes);
+        if (!allocated) {
+            state.SkipWithError(allocated.status().message().c_str());
+            return;
+        }
+        pinned = *allocated;
+        arg.data = pinned;
+        arg.memory = HostMemory::pinned;
+    } else {
+        pageable = std::make_unique_for_overwrite<std::byte[]>(bytes);
+        arg.data = pageable.get();
+        arg.memory = HostMemory::pageable;
+    }
+    std::memset(arg.data, 0x5A, bytes);  // every page touched before the timing
+    {
+        Stager<SimBackend> stager(sim);
+        const auto step = [&]() -> Status {
+            auto run = stager.bind(std::span(&arg, 1));
+            if (!run) return run.status();
+            return stager.finish(std::move(*run));
+        };
+        Status ready;
+        if (ring_threads) ready = stager.set_pageable_ring(PageableRing{.threads = *ring_threads});
+        // Outside the timing: the first step faults the device buffer in and makes the ring.
+        if (ready) ready = step();
+        if (!ready) {
+            state.SkipWithError(ready.message().c_str());
+        } else {
+            const SimStats before = sim.stats();
+            const StagerStats stager_before = stager.stats();
+            double wall_ns = 0;
+            for (auto _ : state) {
+                const auto start = std::chrono::steady_clock::now();
+                const Status stepped = step();
+                wall_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+                if (!stepped) {
+                    state.SkipWithError(stepped.message().c_str());
+                    break;
+                }
+            }
+            const SimStats& after = sim.stats();
+            const StagerStats& stager_after = stager.stats();
+            const auto steps = static_cast<double>(stager_after.runs - stager_before.runs);
+            const double moved = static_cast<double>(bytes) * steps;
+            state.counters["MiB"] = static_cast<double>(bytes >> 20);
+            state.counters["wall_GBps"] = wall_ns > 0 ? moved / wall_ns : 0;
+            state.counters["modeled_GBps"] =
+                moved / static_cast<double>(std::max<std::uint64_t>(after.modeled_ns - before.modeled_ns, 1));
+            state.counters["ring_chunks_per_step"] =
+                static_cast<double>(stager_after.ring_chunks - stager_before.ring_chunks) / std::max(steps, 1.0);
+            state.counters["bounced_MiB_per_step"] =
+                static_cast<double>((after.bounced_bytes - before.bounced_bytes) >> 10) / 1024.0 / std::max(steps, 1.0);
+        }
+    }
+    if (pinned != nullptr) (void)sim.pinned_free(pinned);
+}
+
+// Few steps: a step of 1 GiB takes a fraction of a second here, and the input is made once per
+// benchmark. At most one input and its device copy (2 GiB) are held at a time.
+const bool pageable_ring_registered = [] {
+    const std::pair<const char*, Direction> ways[] = {{"upload", Direction::In}, {"copy_back", Direction::Out}};
+    const std::size_t sizes_mib[] = {64, 256, 1024};
+    const std::size_t ring_threads[] = {0, 1, 2, 4, 8};
+    for (const auto& way : ways) {
+        const Direction direction = way.second;
+        for (const std::size_t mib : sizes_mib) {
+            const std::size_t bytes = mib << 20;
+            const std::string prefix = std::string("pageable_ring/") + way.first + "/" + std::to_string(mib) + "MiB/";
+            const auto add = [&](const std::string& variant, RingSource source, std::optional<std::size_t> threads) {
+                benchmark::RegisterBenchmark((prefix + variant).c_str(), BM_pageable_ring, bytes, direction, source,
+                                             threads)
+                    ->Iterations(mib <= 64 ? 8 : 2)
+                    ->Unit(benchmark::kMillisecond)
+                    ->UseRealTime();
+            };
+            add("direct", RingSource::pageable, std::nullopt);
+            for (const std::size_t threads : ring_threads) {
+                add("ring_threads:" + std::to_string(threads), RingSource::pageable, threads);
+            }
+            add("pinned", RingSource::pinned, std::nullopt);
         }
     }
     return true;
