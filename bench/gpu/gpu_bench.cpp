@@ -7,10 +7,13 @@
 //     and microseconds per step, and the in-place frame against the packed limit;
 //  2. decode steady state, RetainedBump vs PerTensorMalloc, on the Qwen3 set;
 //  3. host-to-device and device-to-host throughput from pinned vs pageable memory;
-//  4. cudaHostAlloc cost vs a PinnedHostPool cache hit.
+//  4. cudaHostAlloc cost vs a PinnedHostPool cache hit;
+//  5. one large pageable arg (64 MiB, 256 MiB, 1 GiB) up and back: directly, through the
+//     pageable ring with 0, 1, 2, 4, 8 copy threads, and from pinned memory, in GB/s.
 // No CUDA header is needed: the runtime (and, for the device's name, the driver and NVML) are
 // loaded at run time. Without a usable GPU it says so and exits with 77.
 // Usage: gpu_bench [--steps N] [--set-scale S] [--set-steps N] [--scale S] [--scale-steps N]
+//                  [--ring-steps N] [--ring-max-mib N] [--ring-only]
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,12 +46,15 @@ struct Options {
     int set_steps = 300;
     double scale = 0.02;  // the Qwen3 set of sections 2 and 3
     int scale_steps = 10;
+    int ring_steps = 5;               // steps of each way in section 5 (the first is not counted)
+    std::size_t ring_max_mib = 1024;  // the largest arg of section 5
+    bool ring_only = false;           // section 5 alone
 };
 
 [[noreturn]] void usage(const char* argv0) {
     std::fprintf(stderr,
                  "usage: %s [--steps N (3000)] [--set-scale S (0.002)] [--set-steps N (300)] [--scale S (0.02)] "
-                 "[--scale-steps N (10)]\n",
+                 "[--scale-steps N (10)] [--ring-steps N (5)] [--ring-max-mib N (1024)] [--ring-only]\n",
                  argv0);
     std::exit(2);
 }
@@ -64,6 +71,10 @@ Options parse(int argc, char** argv) {
     Options options;
     for (int i = 1; i < argc; ++i) {
         const std::string_view flag = argv[i];
+        if (flag == "--ring-only") {
+            options.ring_only = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(argv[0]);
         const double value = number(argv[++i], argv[0]);
         const int count = value >= 0 && value <= 1e8 ? static_cast<int>(value) : -1;
@@ -77,12 +88,17 @@ Options parse(int argc, char** argv) {
             options.scale = value;
         } else if (flag == "--scale-steps") {
             options.scale_steps = count;
+        } else if (flag == "--ring-steps") {
+            options.ring_steps = count;
+        } else if (flag == "--ring-max-mib") {
+            if (count < 1 || count > 65536) usage(argv[0]);
+            options.ring_max_mib = static_cast<std::size_t>(count);
         } else {
             usage(argv[0]);
         }
     }
-    if (options.steps < 10 || options.set_steps < 10 || options.scale_steps < 2 || options.set_scale <= 0 ||
-        options.scale <= 0) {
+    if (options.steps < 10 || options.set_steps < 10 || options.scale_steps < 2 || options.ring_steps < 2 ||
+        options.set_scale <= 0 || options.scale <= 0) {
         usage(argv[0]);
     }
     return options;
@@ -610,6 +626,107 @@ void sections_two_to_four(CudaBackend& gpu, const Options& options) {
                 percentile(direct_us, 0.5), "PinnedHostPool cache hit (CachingPinned)", percentile(cached_us, 0.5));
 }
 
+// ---- section 5: one large pageable arg, directly and through the pageable ring -------------
+
+// One way of staging the large arg: from pageable memory directly (the driver stages it), or
+// through a PageableRing with `threads` copy threads besides the caller, or from pinned memory.
+struct RingWay {
+    std::string label;
+    bool pinned = false;
+    std::optional<std::size_t> threads;  // the ring's copy threads; none: no ring
+};
+
+// GB/s of one synchronous bind + finish of `arg` (an In arg: the upload; an Out arg: the
+// copy-back), median over the steps after the first (which allocates the device buffer and
+// makes the ring and its threads).
+double ring_way_gbps(CudaBackend& gpu, const TensorArg& arg, const RingWay& way, int steps) {
+    Stager<CudaBackend> stager(gpu);
+    if (way.threads) {
+        if (Status set = stager.set_pageable_ring(PageableRing{.threads = *way.threads}); !set) {
+            fail("set_pageable_ring", set);
+        }
+    }
+    std::vector<double> us;
+    for (int i = 0; i < steps; ++i) {
+        const auto start = Clock::now();
+        Result<StagedRun> run = stager.bind(std::span(&arg, 1));
+        if (!run) fail(way.label + ": bind", run.status());
+        if (Status s = stager.finish(std::move(*run)); !s) fail(way.label + ": finish", s);
+        if (i > 0) us.push_back(us_since(start));
+    }
+    if (way.threads && (stager.stats().ring_uploads + stager.stats().ring_copy_backs) == 0) {
+        fail(way.label, Status(Errc::invalid_argument, "the ring staged nothing"));
+    }
+    if (Status released = stager.release(); !released) fail(way.label + ": release", released);
+    return static_cast<double>(arg.bytes) / (percentile(us, 0.5) * 1e3);
+}
+
+void section_five(CudaBackend& gpu, const Options& options) {
+    std::vector<std::size_t> sizes_mib;
+    for (const std::size_t mib : {std::size_t{64}, std::size_t{256}, std::size_t{1024}}) {
+        if (mib <= options.ring_max_mib) sizes_mib.push_back(mib);
+    }
+    if (sizes_mib.empty()) sizes_mib.push_back(options.ring_max_mib);
+    std::vector<RingWay> ways{{"pageable, direct", false, std::nullopt}};
+    for (const std::size_t threads : {0, 1, 2, 4, 8}) {
+        ways.push_back({"pageable, ring, " + std::to_string(threads) + " threads", false, threads});
+    }
+    ways.push_back({"pinned, direct (reference)", true, std::nullopt});
+    const PageableRing defaults;
+    std::printf(
+        "\n5. one large arg from pageable memory, directly and through the pageable ring (GB/s of one\n"
+        "   synchronous bind + finish: up = one In arg, back = one Out arg; median of %d steps after the first)\n"
+        "   ring: PageableRing defaults (threshold %zu MiB, %zu chunks of %zu MiB), N copy threads besides the "
+        "caller\n\n",
+        options.ring_steps - 1, defaults.threshold >> 20, defaults.chunks, defaults.chunk_bytes >> 20);
+    std::printf("%-32s", "way");
+    for (const std::size_t mib : sizes_mib) std::printf(" | %5zu MiB up %7s", mib, "back");
+    std::printf("\n");
+    // rates[way][size][0: up, 1: back]
+    std::vector<std::vector<std::pair<double, double>>> rates(ways.size());
+    for (const std::size_t mib : sizes_mib) {
+        const std::size_t bytes = mib << 20;
+        auto pageable = std::make_unique_for_overwrite<std::byte[]>(bytes);
+        std::memset(pageable.get(), 0x5A, bytes);
+        Result<void*> pinned = gpu.pinned_malloc(bytes);
+        if (!pinned) fail("pinned_malloc of the section 5 reference", pinned.status());
+        std::memset(*pinned, 0x5A, bytes);
+        for (std::size_t w = 0; w < ways.size(); ++w) {
+            double up = 0, back = 0;
+            for (const Direction direction : {Direction::In, Direction::Out}) {
+                TensorArg arg{ways[w].pinned ? *pinned : pageable.get(), bytes, direction};
+                arg.memory = ways[w].pinned ? HostMemory::pinned : HostMemory::pageable;
+                (direction == Direction::In ? up : back) = ring_way_gbps(gpu, arg, ways[w], options.ring_steps);
+            }
+            rates[w].emplace_back(up, back);
+        }
+        (void)gpu.pinned_free(*pinned);
+    }
+    for (std::size_t w = 0; w < ways.size(); ++w) {
+        std::printf("%-32s", ways[w].label.c_str());
+        for (const auto& [up, back] : rates[w]) std::printf(" | %12.2f %7.2f", up, back);
+        std::printf("\n");
+    }
+    const auto at = std::find(sizes_mib.begin(), sizes_mib.end(), std::size_t{1024});
+    if (at == sizes_mib.end()) {
+        std::printf(
+            "\ngoal (a 1 GiB pageable upload through the ring at 20 GB/s or more on an H200): not measured "
+            "(--ring-max-mib below 1024)\n");
+        return;
+    }
+    const auto size = static_cast<std::size_t>(at - sizes_mib.begin());
+    std::size_t best = 1;
+    for (std::size_t w = 1; w + 1 < ways.size(); ++w) {
+        if (rates[w][size].first > rates[best][size].first) best = w;
+    }
+    const double best_up = rates[best][size].first;
+    std::printf(
+        "\ngoal: a 1 GiB pageable upload through the ring at 20 GB/s or more on an H200: %.2f GB/s (%s; "
+        "direct %.2f GB/s, %.2fx): %s\n",
+        best_up, ways[best].label.c_str(), rates[0][size].first, best_up / rates[0][size].first,
+        best_up >= 20 ? "met" : "not met");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -628,8 +745,11 @@ int main(int argc, char** argv) {
     }
     const auto start = Clock::now();
     print_device(runtime, gpu->device_id());
-    section_one(*gpu, options);
-    sections_two_to_four(*gpu, options);
+    if (!options.ring_only) {
+        section_one(*gpu, options);
+        sections_two_to_four(*gpu, options);
+    }
+    section_five(*gpu, options);
     std::printf("\ntotal %.1f s\n", us_since(start) / 1e6);
     return 0;
 }
