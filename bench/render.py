@@ -261,6 +261,49 @@ w("On the simulator a step's wall time is mostly handing work to a stream's work
   "so it measures this machine's thread wake-ups and memcpy, not a device's copy engine; the modeled "
   "µs are the estimate of the copies on an H200 link.\n")
 
+ring_rows = {n: b for n, b in rows.items() if n.startswith("pageable_ring/")}
+if ring_rows:
+    w("\n## 6. Large pageable args: direct vs the pageable ring\n")
+    w("`pageable_ring/*`: one arg per step, staged by a synchronous `bind` + `finish` on "
+      "`Stager<SimBackend>` (`RetainedBump<>`): an In arg (the upload) or an Out arg (the copy-back). "
+      "Ways: from pageable memory directly (the simulator's bounce buffer), through a `PageableRing` "
+      "with its default chunks and `threads` copy threads besides the calling thread, and from pinned "
+      "memory directly. The first step is not timed.\n")
+    w("- **wall** GB/s: bytes over the wall time of the timed steps, this machine's memcpy and threads "
+      "(the simulated device is RAM). Noisy.")
+    w("- **modeled** GB/s: bytes over `SimStats::modeled_ns`, the link model's time of the copies. It "
+      "counts the link only: the ring's host memcpy into and out of its chunks is wall time and is never "
+      "modeled. Deterministic.")
+    w("- **caller CPU ms**: the calling thread's CPU time per step.\n")
+    names = {"direct": "pageable, direct", "pinned": "pinned, direct (reference)"}
+    for way, title in (("upload", "Uploads (one In arg per step)"), ("copy_back", "Copy-backs (one Out arg per step)")):
+        mine = {n[len(f"pageable_ring/{way}/"):]: b for n, b in ring_rows.items() if n.startswith(f"pageable_ring/{way}/")}
+        sizes = sorted({int(k.split("MiB/")[0]) for k in mine})
+        variants = []
+        for k in mine:
+            v = k.split("MiB/", 1)[1]
+            if v not in variants:
+                variants.append(v)
+        if not sizes:
+            continue
+        label = lambda mib: f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib} MiB"
+        w(f"### {title}\n")
+        w("| way | " + " | ".join(f"{label(m)} wall | {label(m)} modeled" for m in sizes)
+          + f" | chunk copies per {label(sizes[-1])} step | caller CPU ms per {label(sizes[-1])} step |")
+        w("| --- |" + " ---: | ---: |" * len(sizes) + " ---: | ---: |")
+        for v in variants:
+            cells = []
+            for m in sizes:
+                b = mine.get(f"{m}MiB/{v}")
+                cells.append(f"{b['wall_GBps']:.2f} | {b['modeled_GBps']:.2f}" if b else "— | —")
+            last = mine.get(f"{sizes[-1]}MiB/{v}")
+            chunks = f"{last.get('ring_chunks_per_step', 0):.0f}" if last else "—"
+            cpu = f"{last['cpu_time'] * {'ns': 1e-6, 'us': 1e-3, 'ms': 1, 's': 1e3}[last.get('time_unit', 'ns')]:.1f}" if last else "—"
+            base = v.split("/")[0]  # less a suffix such as /iterations:8
+            name = names.get(base, "pageable, ring, `threads = " + base.split(":")[-1] + "`")
+            w(f"| {name} | " + " | ".join(cells) + f" | {chunks} | {cpu} |")
+        w("")
+
 w("\n## Reproduce\n")
 w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs the benchmarks and, where "
   "valgrind is installed, the instruction counts, then rewrites this page and the plots). Extra "

@@ -116,7 +116,7 @@ TEST_CASE("async stager: a copy that fails while it runs is reported by wait(), 
         const Status failed = done->wait();
         CHECK_FALSE(failed.ok());
         CHECK_THAT(failed.message(), Catch::Contains("injected"));
-        mock.clear_faults();  // the failure is sticky on the stream until cleared
+        mock.clear_failures();  // the failure is sticky on the stream until cleared
         test::HostRun again = random_run(52);
         const auto expected = reference(mock, again);
         Kernel<MockBackend> next;

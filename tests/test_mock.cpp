@@ -499,8 +499,12 @@ TEST_CASE(
         REQUIRE(mock.record_event(joined, other).ok());
         CHECK(mock.synchronize_event(joined).code() == Errc::backend_failure);
 
-        // clear_faults() clears it: later recordings are clean again.
+        // clear_faults() disarms what is armed; the failure that happened stays until
+        // clear_failures().
         mock.clear_faults();
+        REQUIRE(mock.record_event(clean, stream).ok());
+        CHECK(mock.synchronize_event(clean).code() == Errc::backend_failure);
+        mock.clear_failures();
         REQUIRE(mock.record_event(clean, stream).ok());
         REQUIRE(mock.record_event(joined, other).ok());
         CHECK(mock.synchronize_event(clean).ok());

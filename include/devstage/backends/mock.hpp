@@ -236,18 +236,23 @@ public:
     /// launch_host_func; other operations ignore it — succeed, then fail with `code` when it
     /// runs: no byte moves, no function is called. The failure is sticky, as a device's
     /// asynchronous errors are: every later recording on that stream — and on streams that wait
-    /// for one of them — reports it (synchronize_event, event_ready) until clear_faults(); the
-    /// next synchronize() reports it once.
+    /// for one of them — reports it (synchronize_event, event_ready) until clear_failures();
+    /// the next synchronize() reports it once.
     void fail_when_run(MockOp op, std::uint64_t k, Errc code = Errc::backend_failure) noexcept {
         std::lock_guard lock(mutex_);
         recorder_.fail_when_run(op, k, code);
     }
     /// Clears the faults armed by fail_call, fail_from and fail_when_run — on enqueued work
-    /// not run yet, too — and the failures of work that already ran: recordings from now on
-    /// are clean.
+    /// not run yet, too. Failures that already happened stay sticky (see clear_failures).
     void clear_faults() noexcept {
         std::lock_guard lock(mutex_);
         recorder_.clear_faults();
+        engine_.disarm();
+    }
+    /// Forgets the failures of work that already ran, as a device reset would: recordings from
+    /// now on are clean. Call it once the runs those failures belong to were waited for.
+    void clear_failures() noexcept {
+        std::lock_guard lock(mutex_);
         engine_.clear_failures();
     }
 

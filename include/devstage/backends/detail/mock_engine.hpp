@@ -150,13 +150,16 @@ public:
 
     /// The first failure of enqueued work since the previous call, and forgets it.
     Status take_failure() noexcept { return std::exchange(async_failure_, Status()); }
-    /// Forgets the failures of enqueued work, and those armed on work not run yet: nothing
-    /// fails from now on (recordings already completed keep what they report).
-    void clear_failures() noexcept {
+    /// Disarms the failures armed on enqueued work that has not run yet.
+    void disarm() noexcept {
         for (auto& [id, stream] : streams_) {
-            stream.failure = {};
             for (Pending& pending : stream.queue) pending.failure = {};
         }
+    }
+    /// Forgets the failures of work that already ran: later recordings are clean again
+    /// (recordings already completed keep what they report).
+    void clear_failures() noexcept {
+        for (auto& [id, stream] : streams_) stream.failure = {};
         async_failure_ = {};
     }
 
