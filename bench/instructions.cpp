@@ -37,7 +37,8 @@ public:
 
 private:
     static Result<void*> allocate(std::size_t n) noexcept {
-        void* p = std::aligned_alloc(device_alignment, (n + device_alignment - 1) / device_alignment * device_alignment);
+        void* p =
+            std::aligned_alloc(device_alignment, (n + device_alignment - 1) / device_alignment * device_alignment);
         if (p == nullptr) return Status(Errc::out_of_memory, "null-copy: out of memory");
         return p;
     }

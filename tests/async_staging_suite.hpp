@@ -225,8 +225,8 @@ TEMPLATE_LIST_TEST_CASE("async staging: frames bind on a stream with one upload"
     auto backend = test::make_backend<TestType>();
     Streams<TestType> streams(*backend);
     Stager<TestType, Packed> stager(*backend, Packed{}, 2);
-    const TensorShape shapes[] = {{20000, Direction::In}, {100, Direction::In}, {3000, Direction::InOut},
-                                  {9000, Direction::Out}};
+    const TensorShape shapes[] = {
+        {20000, Direction::In}, {100, Direction::In}, {3000, Direction::InOut}, {9000, Direction::Out}};
     for (int step = 0; step < 3; ++step) {
         auto frame = stager.frame(shapes);
         REQUIRE(frame.ok());

@@ -28,6 +28,19 @@ inline void* allocate_or_throw(std::size_t bytes) {
     throw std::bad_alloc();
 }
 
+/// True when operator new is this header's: false where a tool replaces it (valgrind does),
+/// and then a test has no host allocation it can make fail.
+inline bool failing_new_active() {
+    fail_nth_new(1);
+    try {
+        ::operator delete(::operator new(1));
+    } catch (const std::bad_alloc&) {
+        return true;
+    }
+    stop_failing_new();
+    return false;
+}
+
 }  // namespace devstage::test
 
 // Every replaceable non-aligned form, so that what these allocate is freed by these (the

@@ -80,9 +80,7 @@ public:
     Result<void*> device_malloc(std::size_t n) noexcept { return inner_.device_malloc(n); }
     Status device_free(void* p) noexcept { return inner_.device_free(p); }
     Status copy_to_device(void* d, const void* s, std::size_t n) noexcept { return inner_.copy_to_device(d, s, n); }
-    Status copy_from_device(void* d, const void* s, std::size_t n) noexcept {
-        return inner_.copy_from_device(d, s, n);
-    }
+    Status copy_from_device(void* d, const void* s, std::size_t n) noexcept { return inner_.copy_from_device(d, s, n); }
     Result<void*> pinned_malloc(std::size_t n) noexcept { return inner_.pinned_malloc(n); }
     Status pinned_free(void* p) noexcept { return inner_.pinned_free(p); }
     Inner& inner() noexcept { return inner_; }

@@ -344,3 +344,69 @@ TEST_CASE("async stager: a synchronous finish whose stream cannot be created end
     CHECK(mock.misuses() == 0);
     REQUIRE(mock.destroy_stream(stream).ok());
 }
+
+namespace {
+// The deferred mock without synchronize(): a wait on a slot's event that fails has no
+// device-wide wait to fall back on.
+class NoSyncMock : private MockBackend {
+public:
+    NoSyncMock() noexcept : MockBackend(MockConfig{.sink = &test::quiet_sink, .deferred_async = true}) {}
+    using MockBackend::calls;
+    using MockBackend::clear_faults;
+    using MockBackend::copy_from_device;
+    using MockBackend::copy_from_device_async;
+    using MockBackend::copy_to_device;
+    using MockBackend::copy_to_device_async;
+    using MockBackend::create_event;
+    using MockBackend::create_stream;
+    using MockBackend::destroy_event;
+    using MockBackend::destroy_stream;
+    using MockBackend::device_alignment;
+    using MockBackend::device_free;
+    using MockBackend::device_malloc;
+    using MockBackend::Event;
+    using MockBackend::event_ready;
+    using MockBackend::fail_from;
+    using MockBackend::live_device_allocations;
+    using MockBackend::misuses;
+    using MockBackend::name;
+    using MockBackend::pending_operations;
+    using MockBackend::record_event;
+    using MockBackend::Stream;
+    using MockBackend::stream_wait_event;
+    using MockBackend::synchronize_event;
+};
+static_assert(AsyncBackend<NoSyncMock> && !SynchronizingBackend<NoSyncMock>);
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "async stager: without synchronize(), memory whose work cannot be waited for is kept until a wait "
+    "succeeds",
+    "[async][stager][faults]", RetainedBump<>, PerTensorMalloc<>) {
+    NoSyncMock mock;
+    Result<NoSyncMock::Stream> stream = mock.create_stream();
+    REQUIRE(stream.ok());
+    {
+        Stager<NoSyncMock, TestType> stager(mock);
+        stager.set_error_sink(&test::quiet_sink);
+        test::HostRun host = random_run(73);
+        host.relink();
+        Result<StagedRun> run = stager.bind(host.args, *stream);
+        REQUIRE(run.ok());
+        Result<Completion> done = stager.finish(std::move(*run), *stream);
+        REQUIRE(done.ok());
+        mock.fail_from(MockOp::synchronize_event, mock.calls(MockOp::synchronize_event) + 1);
+        CHECK_FALSE(done->wait().ok());
+        CHECK(mock.pending_operations() > 0);  // deferred: nothing of the run ran
+        const Status kept = stager.release();
+        CHECK_FALSE(kept.ok());
+        CHECK_THAT(kept.message(), Catch::Contains("could not be waited for"));
+        CHECK(mock.live_device_allocations() > 0);  // still used by the pending copies
+        CHECK(mock.misuses() == 0);
+        mock.clear_faults();
+        REQUIRE(stager.release().ok());  // now the wait succeeds: everything goes back
+        CHECK(mock.live_device_allocations() == 0);
+        CHECK(mock.misuses() == 0);
+    }
+    REQUIRE(mock.destroy_stream(*stream).ok());
+}

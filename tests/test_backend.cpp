@@ -95,9 +95,13 @@ TEST_CASE("backend: missing any one stream or event operation is rejected", "[ba
 
 namespace {
 template <class B, class S, class E>
-concept waits_with = requires(B& b, S s, E e) { b.stream_wait_event(s, e); };
+concept waits_with = requires(B& b, S s, E e) {
+    b.stream_wait_event(s, e);
+};
 template <class B, class E, class S>
-concept records_with = requires(B& b, E e, S s) { b.record_event(e, s); };
+concept records_with = requires(B& b, E e, S s) {
+    b.record_event(e, s);
+};
 }  // namespace
 
 TEST_CASE("backend: Stream and Event must be distinct types, so a swapped argument does not compile",

@@ -48,8 +48,8 @@ TEST_CASE("growth: policies compute their next capacity", "[growth]") {
     const auto huge = GeometricGrowth<2, 1>{}.next_capacity(static_cast<std::size_t>(-1) / 2 + 7, 10);
     REQUIRE_FALSE(huge.ok());
     CHECK(huge.status().code() == Errc::out_of_memory);
-    CHECK_THAT(huge.status().message(), Catch::Contains("9223372036854775814 bytes x 2/1") &&
-                                            Catch::Contains("plan requires 10 bytes"));
+    CHECK_THAT(huge.status().message(),
+               Catch::Contains("9223372036854775814 bytes x 2/1") && Catch::Contains("plan requires 10 bytes"));
     // Exact where a naive current * Num / Den would wrap: 3/2 of 2^63 fits in 64 bits.
     constexpr std::size_t half = std::size_t{1} << 63;
     CHECK(*GeometricGrowth<3, 2>{}.next_capacity(half, 10) == half + half / 2);
@@ -188,7 +188,9 @@ TEST_CASE("growth: when the grown target cannot be had, the grow falls back to e
 
 namespace {
 std::vector<std::string> sunk;
-void remember(const Status& status) noexcept { sunk.push_back(status.message()); }
+void remember(const Status& status) noexcept {
+    sunk.push_back(status.message());
+}
 }  // namespace
 
 TEST_CASE("growth: a free that fails while a grow replaces the old buffer is counted and reported",

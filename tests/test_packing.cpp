@@ -26,9 +26,7 @@ struct Copies {
 template <class F>
 Copies count_copies(MockBackend& mock, F&& step) {
     const auto up = [&] { return mock.calls(MockOp::copy_to_device) + mock.calls(MockOp::copy_to_device_async); };
-    const auto down = [&] {
-        return mock.calls(MockOp::copy_from_device) + mock.calls(MockOp::copy_from_device_async);
-    };
+    const auto down = [&] { return mock.calls(MockOp::copy_from_device) + mock.calls(MockOp::copy_from_device_async); };
     const std::uint64_t before_up = up(), before_down = down();
     step();
     return {up() - before_up, down() - before_down};
@@ -68,8 +66,8 @@ TEST_CASE("packing: small args move with one copy each way; large ones directly"
     host.add(50, Direction::InOut, 4);
     host.add(64, Direction::Out, 5);
     host.add(10, Direction::Out, 6);
-    host.add(10000, Direction::In, 7);  // large: direct
-    host.add(8000, Direction::Out, 8);  // large: direct
+    host.add(10000, Direction::In, 7);           // large: direct
+    host.add(8000, Direction::Out, 8);           // large: direct
     REQUIRE(run_once(stager, mock, host).ok());  // first run grows
 
     Result<StagedRun> run = Status(Errc::busy, "unset");
@@ -167,9 +165,8 @@ TEST_CASE("packing: a failed execution copies nothing back, packed or not", "[pa
     auto run = stager.bind(host.args);
     REQUIRE(run.ok());
     REQUIRE(test::fake_kernel(mock, run->device_args(), host.args).ok());
-    const Copies finished = count_copies(mock, [&] {
-        REQUIRE(stager.finish(std::move(*run), Status(Errc::backend_failure, "kernel failed")).ok());
-    });
+    const Copies finished = count_copies(
+        mock, [&] { REQUIRE(stager.finish(std::move(*run), Status(Errc::backend_failure, "kernel failed")).ok()); });
     CHECK(finished.from_device == 0);
     CHECK(host.buffers == before);
     CHECK(stager.stats().copy_backs_skipped == 3);

@@ -76,7 +76,7 @@ TEMPLATE_TEST_CASE("pageable ring: the same bytes as the direct path at every ch
             REQUIRE(stager.finish(std::move(*run)).ok());
             CHECK(host.buffers == expected);
         }
-        CHECK(stager.stats().ring_uploads == 3 * 10);    // every non-empty In and InOut arg
+        CHECK(stager.stats().ring_uploads == 3 * 10);     // every non-empty In and InOut arg
         CHECK(stager.stats().ring_copy_backs == 3 * 10);  // every non-empty InOut and Out arg
         CHECK(stager.stats().ring_chunks > 3 * 20);
         CHECK(stager.stats().ring_bytes == 3 * chunk);
@@ -112,10 +112,10 @@ TEST_CASE("pageable ring: pinned memory and small args do not take it", "[pageab
     REQUIRE(pinned.ok());
     std::vector<std::byte> pageable(4 * chunk), small(100);
     const TensorArg args[] = {
-        {*pinned, 4 * chunk, Direction::In},                                  // the sim says pinned
-        {small.data(), small.size(), Direction::In},                          // below the threshold
+        {*pinned, 4 * chunk, Direction::In},                                           // the sim says pinned
+        {small.data(), small.size(), Direction::In},                                   // below the threshold
         {pageable.data(), chunk, Direction::In, Placement::Host, HostMemory::pinned},  // the caller says so
-        {pageable.data() + chunk, 2 * chunk, Direction::InOut},               // pageable: the ring
+        {pageable.data() + chunk, 2 * chunk, Direction::InOut},                        // pageable: the ring
     };
     auto run = stager.bind(args);
     REQUIRE(run.ok());
@@ -166,7 +166,8 @@ TEST_CASE("pageable ring: a chunk that fails, at any chunk, fails the run and le
             }
             std::size_t refused = 0;
             for (const MockCall& call : mock.journal()) {
-                refused += (call.op == MockOp::device_free || call.op == MockOp::pinned_free) && call.result != Errc::ok;
+                refused +=
+                    (call.op == MockOp::device_free || call.op == MockOp::pinned_free) && call.result != Errc::ok;
             }
             CAPTURE(to_string(op), k);
             CHECK(mock.live_device_allocations() + mock.live_pinned_allocations() <= refused);

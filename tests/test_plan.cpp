@@ -105,7 +105,7 @@ TEST_CASE("plan: an alignment that is not a power of two is invalid_argument", "
 TEST_CASE("plan: with a packing limit, small args lead grouped In, InOut, Out", "[plan][packing]") {
     std::array<std::byte, 8192> host{};
     const TensorArg args[] = {
-        {host.data(), 100, Direction::Out},  {host.data(), 5000, Direction::In}, {host.data(), 200, Direction::In},
+        {host.data(), 100, Direction::Out},   {host.data(), 5000, Direction::In}, {host.data(), 200, Direction::In},
         {host.data(), 300, Direction::InOut}, {host.data(), 50, Direction::In},
     };
     auto plan = StagingPlan::build(args, 1024, 4096);
@@ -120,8 +120,8 @@ TEST_CASE("plan: with a packing limit, small args lead grouped In, InOut, Out", 
     CHECK(t[1].group == devstage::PackGroup::direct);
     const auto& layout = plan->layout();
     CHECK(layout.packed_bytes == 4096);
-    CHECK(layout.upload_end == 2048 + 300);          // In + InOut, no Out byte
-    CHECK(layout.copy_back_begin == 2048);           // InOut + Out, no In byte
+    CHECK(layout.upload_end == 2048 + 300);  // In + InOut, no Out byte
+    CHECK(layout.copy_back_begin == 2048);   // InOut + Out, no In byte
     CHECK(layout.copy_back_end == 3072 + 100);
     CHECK(plan->required_bytes() == 4096 + 5120);
 }

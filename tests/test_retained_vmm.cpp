@@ -54,8 +54,7 @@ private:
 };
 }  // namespace
 
-TEST_CASE("vmm: a failed unmap stops release, keeps what is mapped, and a later release retries",
-          "[vmm][faults]") {
+TEST_CASE("vmm: a failed unmap stops release, keeps what is mapped, and a later release retries", "[vmm][faults]") {
     FlakyUnmap sim;
     const std::size_t g = sim.vmm_granularity();
     {

@@ -271,6 +271,10 @@ TEST_CASE("stager: a bind reading state a live run will still copy back is refus
 TEMPLATE_TEST_CASE("stager: a host allocation failing anywhere in a run is out_of_memory, never a crash",
                    "[stager][faults]", RetainedBump<>, PerTensorMalloc<>,
                    (RetainedBump<ExactGrowth, 1024, PackSmall<>>)) {
+    if (!devstage::test::failing_new_active()) {
+        WARN("operator new is replaced by a tool (valgrind): no host allocation can be made to fail");
+        return;
+    }
     test::HostRun host = decode_like(101);
     int reached = 0;
     for (int n = 1; n < 200; ++n) {

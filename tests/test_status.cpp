@@ -74,7 +74,9 @@ struct Logger {
     std::vector<std::string> lines;
     void operator()(const devstage::Status& status) { lines.push_back(status.message()); }
 };
-void count_context(void* context, const devstage::Status&) noexcept { ++*static_cast<int*>(context); }
+void count_context(void* context, const devstage::Status&) noexcept {
+    ++*static_cast<int*>(context);
+}
 }  // namespace
 
 TEST_CASE("status: an ErrorSink reaches a plain function, a function with context, or a callable object",

@@ -2,8 +2,9 @@
 #pragma once
 /// \file
 /// The Backend concept: what devstage needs from an accelerator runtime, its stream-ordered
-/// refinement AsyncBackend, and the optional capabilities it uses when present. Each required operation is its own named concept so a
-/// type that misses one is rejected with a diagnostic naming that operation.
+/// refinement AsyncBackend, and the optional capabilities it uses when present. Each required
+/// operation is its own named concept so a type that misses one is rejected with a diagnostic
+/// naming that operation.
 
 #include <bit>
 #include <concepts>
@@ -176,12 +177,12 @@ concept PinnedHostBackend = Backend<B> && backend_requires::pinned_malloc<B> && 
 /// order; events mark a point of a stream, for the host to query or wait on, or for another
 /// stream to wait on. `static_assert(devstage::AsyncBackend<MyBackend>);`
 template <class B>
-concept AsyncBackend = Backend<B> && backend_requires::stream_and_event_types<B> &&
-    backend_requires::create_stream<B> && backend_requires::destroy_stream<B> &&
-    backend_requires::copy_to_device_async<B> && backend_requires::copy_from_device_async<B> &&
-    backend_requires::create_event<B> && backend_requires::destroy_event<B> && backend_requires::record_event<B> &&
-    backend_requires::event_ready<B> && backend_requires::synchronize_event<B> &&
-    backend_requires::stream_wait_event<B>;
+concept AsyncBackend =
+    Backend<B> && backend_requires::stream_and_event_types<B> && backend_requires::create_stream<B> &&
+    backend_requires::destroy_stream<B> && backend_requires::copy_to_device_async<B> &&
+    backend_requires::copy_from_device_async<B> && backend_requires::create_event<B> &&
+    backend_requires::destroy_event<B> && backend_requires::record_event<B> && backend_requires::event_ready<B> &&
+    backend_requires::synchronize_event<B> && backend_requires::stream_wait_event<B>;
 
 /// A host function run in stream order: `fn(user_data)` once all earlier work on the stream
 /// completed; later work on the stream waits for it to return.

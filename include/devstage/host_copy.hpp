@@ -51,7 +51,9 @@ public:
     }
 
     /// The threads beside the caller.
-    std::size_t threads() const noexcept { return workers_.size(); }
+    std::size_t threads() const noexcept {
+        return workers_.size();
+    }
 
     /// Copies `bytes` from `src` to `dst` (not overlapping), split between the pool's threads
     /// and the caller; returns when every byte is copied.

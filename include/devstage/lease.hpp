@@ -26,9 +26,9 @@ struct TensorLease {
     std::size_t bytes;
     bool copy_back;  ///< copied to `host` by a finish after a successful execution
     ReleaseKind release_kind;
-    void* allocation = nullptr;  ///< what device_free gets for Free leases; differs from
-                                 ///< `device` when the allocation was aligned up
-    bool upload = false;         ///< copied from `host` to `device` by the bind (In and InOut)
+    void* allocation = nullptr;                    ///< what device_free gets for Free leases; differs from
+                                                   ///< `device` when the allocation was aligned up
+    bool upload = false;                           ///< copied from `host` to `device` by the bind (In and InOut)
     HostMemory host_memory = HostMemory::unknown;  ///< the arg's hint about `host`
 };
 

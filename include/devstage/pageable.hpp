@@ -55,6 +55,8 @@ public:
     ~PinnedRing() = default;  // the owner releases or forgets first
 
     const PageableRing& config() const noexcept { return config_; }
+    /// Chunks held: none before the first use and after a full release.
+    std::size_t chunks() const noexcept { return chunks_.size(); }
 
     /// Copies `bytes` from pageable `src` to device `dst`, enqueued on `stream` chunk by chunk;
     /// returns once the last chunk is enqueued (earlier chunks' events gate their reuse).
@@ -71,9 +73,9 @@ public:
                 !copied) {
                 return copied;
             }
-            if (Status recorded = async.record_event(chunk.event, stream); !recorded) return recorded;
-            chunk.pending = true;
+            const Status recorded = mark(async, chunk, stream);
             ++stats.ring_chunks;
+            if (!recorded) return recorded;
             done += length;
         }
         return {};
@@ -98,15 +100,16 @@ public:
                     failure = free;
                     break;
                 }
-                Status copied = async.copy_from_device_async(
-                    chunk.data, static_cast<const std::byte*>(src) + issued, length, stream);
-                if (copied) copied = async.record_event(chunk.event, stream);
+                Status copied = async.copy_from_device_async(chunk.data, static_cast<const std::byte*>(src) + issued,
+                                                             length, stream);
+                if (copied) {
+                    copied = mark(async, chunk, stream);
+                    ++stats.ring_chunks;
+                }
                 if (!copied) {
                     failure = copied;
                     break;
                 }
-                chunk.pending = true;
-                ++stats.ring_chunks;
                 if (!push(window, InFlight{&chunk, issued, length}, failure)) break;
                 issued += length;
             }
@@ -119,11 +122,23 @@ public:
         return failure;
     }
 
-    /// Blocks until no chunk is in use, then frees the chunks and their events.
+    /// Blocks until no chunk is in use, then frees the chunks and their events. A chunk whose
+    /// copy cannot be waited for is kept (the failure is returned; a later release retries).
     Status release(B& backend, A& async, StagerStats& stats) noexcept {
         Status first;
+        std::size_t kept = 0;
         for (Chunk& chunk : chunks_) {
             Status waited = settle(async, chunk, stats);
+            if (chunk.pending) {
+                if (first.ok()) {
+                    first =
+                        Status(waited.code(),
+                               message("pageable ring: a ", config_.chunk_bytes,
+                                       "-byte chunk whose copy could not be waited for is kept: ", waited.message()));
+                }
+                chunks_[kept++] = chunk;
+                continue;
+            }
             Status destroyed = async.destroy_event(chunk.event);
             Status freed = backend.pinned_free(chunk.data);
             stats.ring_bytes -= config_.chunk_bytes;
@@ -131,7 +146,7 @@ public:
                 if (first.ok() && !status->ok()) first = std::move(*status);
             }
         }
-        chunks_.clear();
+        chunks_.resize(kept);
         next_ = 0;
         return first;
     }
@@ -147,7 +162,9 @@ private:
     struct Chunk {
         std::byte* data = nullptr;
         Event event{};
-        bool pending = false;
+        Stream stream{};        // where its last copy was enqueued
+        bool pending = false;   // a copy may still use it
+        bool unmarked = false;  // ... and recording its event after that copy failed
     };
     struct InFlight {
         Chunk* chunk;
@@ -162,7 +179,8 @@ private:
                                                           config_.chunk_bytes, " bytes cannot stage anything"));
         }
         if (pool_ == nullptr && !start_pool()) {
-            return Status(Errc::out_of_memory, "pageable ring: host memory for the copy threads could not be allocated");
+            return Status(Errc::out_of_memory,
+                          "pageable ring: host memory for the copy threads could not be allocated");
         }
         if (!reserve(config_.chunks)) {
             return Status(Errc::out_of_memory, "pageable ring: host memory for the chunk list could not be allocated");
@@ -177,7 +195,7 @@ private:
                 return Status(cause.code(), message("pageable ring: chunk ", i, " of ", config_.chunk_bytes,
                                                     " bytes from backend '", backend.name(), "': ", cause.message()));
             }
-            chunks_.push_back(Chunk{static_cast<std::byte*>(*data), *event, false});
+            chunks_.push_back(Chunk{static_cast<std::byte*>(*data), *event, Stream{}, false, false});
             stats.ring_bytes += config_.chunk_bytes;
         }
         return {};
@@ -203,12 +221,36 @@ private:
         return chunk;
     }
 
-    // Waits until `chunk`'s last copy completed.
+    // After a copy using `chunk` was enqueued on `stream`: records the chunk's event there. The
+    // chunk is in use either way; when the record fails, settle records it again first.
+    Status mark(A& async, Chunk& chunk, Stream stream) noexcept {
+        chunk.pending = true;
+        chunk.stream = stream;
+        const Status recorded = async.record_event(chunk.event, stream);
+        chunk.unmarked = !recorded.ok();
+        return recorded;
+    }
+
+    // Waits until `chunk`'s last copy completed. When its event cannot be waited for, waits for
+    // the whole device (synchronize(), where the backend has it); the chunk stays in use
+    // unless that succeeded.
     Status settle(A& async, Chunk& chunk, StagerStats& stats) noexcept {
         if (!chunk.pending) return {};
-        chunk.pending = false;
         ++stats.ring_waits;
-        return async.synchronize_event(chunk.event);
+        Status waited;
+        if (chunk.unmarked) {
+            waited = async.record_event(chunk.event, chunk.stream);
+            if (waited.ok()) chunk.unmarked = false;
+        }
+        if (waited.ok()) waited = async.synchronize_event(chunk.event);
+        if (waited.ok()) {
+            chunk.pending = false;
+            return waited;
+        }
+        if constexpr (SynchronizingBackend<A>) {
+            if (async.synchronize().ok()) chunk.pending = chunk.unmarked = false;
+        }
+        return waited;
     }
 
     bool reserve(std::size_t count) noexcept {

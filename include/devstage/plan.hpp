@@ -42,7 +42,7 @@ struct StagingLayout {
     std::size_t packed_bytes = 0;    ///< the packed region is [0, packed_bytes)
     std::size_t upload_end = 0;      ///< end of the last packed In/InOut arg (0: nothing packed to upload)
     std::size_t copy_back_begin = 0;
-    std::size_t copy_back_end = 0;  ///< equal to copy_back_begin when nothing packed comes back
+    std::size_t copy_back_end = 0;      ///< equal to copy_back_begin when nothing packed comes back
     std::array<std::size_t, 4> base{};  ///< start of each PackGroup
 };
 
@@ -63,7 +63,8 @@ constexpr bool is_staged(const TensorArg& arg) noexcept {
 /// args with bytes are staged; an enumerator outside the enum or a null host pointer with
 /// bytes is refused.
 constexpr ArgCheck check_arg(const TensorArg& arg) noexcept {
-    if (is_staged(arg)) [[likely]] return ArgCheck::staged;
+    if (is_staged(arg)) [[likely]]
+        return ArgCheck::staged;
     if (static_cast<std::uint8_t>(arg.placement) > static_cast<std::uint8_t>(Placement::Device)) {
         return ArgCheck::bad_placement;
     }
@@ -88,8 +89,8 @@ constexpr PackGroup group_of(const TensorArg& arg, std::size_t pack_limit) noexc
     switch (check) {
         case ArgCheck::bad_placement:
             return Status(Errc::invalid_argument,
-                          message("staging plan: arg ", index, " has placement ",
-                                  static_cast<unsigned>(arg.placement), ", neither Host (0) nor Device (1)"));
+                          message("staging plan: arg ", index, " has placement ", static_cast<unsigned>(arg.placement),
+                                  ", neither Host (0) nor Device (1)"));
         case ArgCheck::bad_direction:
             return Status(Errc::invalid_argument,
                           message("staging plan: arg ", index, " has direction ", static_cast<unsigned>(arg.direction),
@@ -98,9 +99,9 @@ constexpr PackGroup group_of(const TensorArg& arg, std::size_t pack_limit) noexc
             return Status(Errc::invalid_argument,
                           message("staging plan: arg ", index, " has a null host pointer with ", arg.bytes, " bytes"));
         default:
-            return Status(Errc::invalid_argument, message("staging plan: total size overflows at arg ", index, " (",
-                                                          arg.bytes, " bytes after ", before, " bytes, alignment ",
-                                                          alignment, ")"));
+            return Status(Errc::invalid_argument,
+                          message("staging plan: total size overflows at arg ", index, " (", arg.bytes, " bytes after ",
+                                  before, " bytes, alignment ", alignment, ")"));
     }
 }
 
@@ -118,8 +119,7 @@ struct PlanPass {
 
     /// `Packs` false: every staged arg is direct (`pack_limit` is ignored), known at compile time.
     template <bool Packs, class Visit>
-    Status run(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit,
-               Visit&& visit) noexcept {
+    Status run(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit, Visit&& visit) noexcept {
         const std::size_t mask = alignment - 1;
         std::size_t direct = size[3];  // in a register: the only group without packing
         for (std::size_t index = 0; index < args.size(); ++index) {
@@ -130,8 +130,8 @@ struct PlanPass {
                 size[3] = direct;
                 return plan_failure(check, index, arg, 0, alignment);
             }
-            const std::size_t group =
-                Packs ? static_cast<std::size_t>(group_of(arg, pack_limit)) : static_cast<std::size_t>(PackGroup::direct);
+            const std::size_t group = Packs ? static_cast<std::size_t>(group_of(arg, pack_limit))
+                                            : static_cast<std::size_t>(PackGroup::direct);
             std::size_t& sum = Packs ? size[group] : direct;
             const std::size_t offset = sum;
             std::size_t padded = 0, end = 0;
@@ -156,9 +156,8 @@ struct PlanPass {
         for (std::size_t group = 0; group < 4; ++group) {
             layout.base[group] = end;
             if (__builtin_add_overflow(end, size[group], &end)) {
-                return Status(Errc::invalid_argument,
-                              message("staging plan: total size overflows (", layout.base[group], " + ", size[group],
-                                      " bytes)"));
+                return Status(Errc::invalid_argument, message("staging plan: total size overflows (",
+                                                              layout.base[group], " + ", size[group], " bytes)"));
             }
         }
         layout.required_bytes = end;

@@ -180,16 +180,15 @@ public:
         if (Status recorded = slot.fence.record(async(), fenced); !recorded && first.ok()) first = recorded;
         slot.uses_mirror = slot.uses_mirror || slot.unpack;
         ++slot.generation;
+        // Watched before the leases go back: a release that waits for the slot settles this run.
+        Completion completion;
+        if (first.ok()) link(completion, index, slot.generation);
         Status released = release_leases(slot);
         unlink_handle(slot);
-        if (!first.ok()) {
+        if (!first.ok() || !released.ok()) {
             settle(index);  // what was enqueued completes before the error is returned
-            return first;
-        }
-        Completion completion;
-        link(completion, index, slot.generation);
-        if (!released.ok()) {
-            settle(index);
+            if (!first.ok()) return first;
+            if (Status work = completion.wait(); !work) sink_(work);  // the run's own failure, too
             return released;
         }
         return completion;
@@ -354,13 +353,15 @@ public:
         return {};
     }
 
-    /// Stops staging through the ring and frees it (after the copies that use it completed).
+    /// Stops staging through the ring and frees it (after the copies that use it completed;
+    /// chunks whose copies cannot be waited for are kept, the failure returned, until a later
+    /// clear_pageable_ring() or release() can).
     Status clear_pageable_ring() noexcept requires PinnedHostBackend<B> {
         if (live_runs() > 0) return busy("set_pageable_ring");
         ring_threshold_ = std::numeric_limits<std::size_t>::max();
         if (!ring_) return {};
         Status released = ring_->release(*backend_, async(), stats_);
-        ring_.reset();
+        if (ring_->chunks() == 0) ring_.reset();
         return released;
     }
 
@@ -578,7 +579,7 @@ private:
     }
     static Status settle_for_queue(void* context) noexcept {
         auto* queue = static_cast<QueueContext*>(context);
-        return queue->stager->settle_fully(queue->index, "grow");
+        return queue->stager->settle_fully(queue->index, "free");
     }
 
     // A bind while other runs are live must not read or write host memory their copy-backs

@@ -104,11 +104,19 @@ public:
     Status& operator=(Status&& other) noexcept = default;
     ~Status() = default;
 
-    bool ok() const noexcept { return code_ == Errc::ok; }
-    Errc code() const noexcept { return code_; }
+    bool ok() const noexcept {
+        return code_ == Errc::ok;
+    }
+    Errc code() const noexcept {
+        return code_;
+    }
     /// Empty when ok (or when no host memory was left to keep an error's message).
-    const std::string& message() const noexcept { return message_ != nullptr ? *message_ : empty(); }
-    explicit operator bool() const noexcept { return ok(); }
+    const std::string& message() const noexcept {
+        return message_ != nullptr ? *message_ : empty();
+    }
+    explicit operator bool() const noexcept {
+        return ok();
+    }
 
 private:
     static const std::string& empty() noexcept {

@@ -249,8 +249,9 @@ public:
         recorder_.clear_faults();
         engine_.disarm();
     }
-    /// Forgets the failures of work that already ran, as a device reset would: recordings from
-    /// now on are clean. Call it once the runs those failures belong to were waited for.
+    /// Forgets the failures of work that already ran, as a device reset would: recordings made
+    /// from now on are clean (one made before keeps its failure, and hands it on to a stream
+    /// that waits for it). Call it once the runs those failures belong to were waited for.
     void clear_failures() noexcept {
         std::lock_guard lock(mutex_);
         engine_.clear_failures();

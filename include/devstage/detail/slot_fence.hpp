@@ -9,7 +9,7 @@
 // Work is pending from the moment it is enqueued until a wait or a query proves it complete.
 // A failed record leaves it pending, unmarked: the next wait, query or stream wait records
 // again first. A failed wait leaves it pending too, unless the backend can wait for the whole
-// device (SynchronizingBackend): once synchronize() returned, nothing of the slot still runs.
+// device (SynchronizingBackend) and synchronize() succeeds: then nothing of the slot still runs.
 
 #include "devstage/backend.hpp"
 #include "devstage/detail/message.hpp"
@@ -106,8 +106,8 @@ public:
 
     /// Blocks until the pending work completed. Its failure (the backend's asynchronous error,
     /// if it reports one) is returned. When the slot's event cannot be waited for, the whole
-    /// device is (synchronize(), where the backend has it) and the work is complete; without
-    /// synchronize() it stays pending, and pending() says so.
+    /// device is (synchronize(), where the backend has it): the work is complete once that
+    /// succeeded; otherwise it stays pending, and pending() says so.
     Status wait(A& async, StagerStats& stats) noexcept {
         if (!pending_) return {};
         ++stats.host_waits;
@@ -118,10 +118,7 @@ public:
             return waited;
         }
         if constexpr (SynchronizingBackend<A>) {
-            // synchronize() returns once the device is idle, with the failure of any work.
-            (void)async.synchronize();
-            pending_ = false;
-            unmarked_ = false;
+            if (async.synchronize().ok()) pending_ = unmarked_ = false;  // the device is idle
         }
         return waited;
     }

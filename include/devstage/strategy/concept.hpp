@@ -52,12 +52,26 @@ public:
 
     /// Gives `allocation` (what device_malloc returned) back to the backend, now or once the
     /// pending work completed. A failure is returned and counted (free_failures); the pointer
-    /// is then the backend's to account for.
+    /// is then the backend's to account for. Should there be neither host memory to remember
+    /// the allocation nor a way to wait for the pending work, it stays allocated (counted in
+    /// free_failures, reported to the error sink): freeing it could pull memory from under
+    /// that work.
     Status free(void* allocation) noexcept {
         if (allocation == nullptr) return {};
-        if (deferred_ != nullptr && push(allocation)) {
-            ++stats_->deferred_frees;
-            return {};
+        if (deferred_ != nullptr) {
+            if (push(allocation)) {
+                ++stats_->deferred_frees;
+                return {};
+            }
+            if (deferred_ != nullptr) {
+                ++stats_->free_failures;
+                sink_(Status(Errc::out_of_memory,
+                             detail::message("device_free of ", static_cast<const void*>(allocation), " on backend '",
+                                             backend_->name(),
+                                             "' skipped: no host memory to defer it and its pending work could not "
+                                             "be waited for; it stays allocated")));
+                return {};
+            }
         }
         ++stats_->device_frees;
         Status status = backend_->device_free(allocation);
@@ -75,7 +89,7 @@ public:
     Status settle() noexcept {
         if (deferred_ == nullptr) return {};
         Status status = settle_(context_);
-        deferred_ = nullptr;
+        if (status.ok()) deferred_ = nullptr;  // else the work may still run: frees stay deferred
         return status;
     }
 
@@ -88,7 +102,8 @@ private:
         try {
             deferred_->push_back(allocation);
         } catch (const std::bad_alloc&) {
-            // No host memory to remember it: wait for the work instead, then free now.
+            // No host memory to remember it: wait for the work instead, then free now (the
+            // caller sees deferred_ still set when that wait failed).
             (void)settle();
             return false;
         }
@@ -165,10 +180,10 @@ concept inspection = requires(const S& cs) {
 /// A temporary-buffer strategy the Stager can stage runs of backend B through.
 /// `static_assert(devstage::StagingStrategy<RetainedBump<>, SimBackend>);`
 template <class S, class B>
-concept StagingStrategy = Backend<B> && std::move_constructible<S> && std::copy_constructible<S> &&
-    strategy_requires::alignment<S> && strategy_requires::lease_kind<S> && strategy_requires::prepare<S, B> &&
-    strategy_requires::acquire<S, B> && strategy_requires::release_retained<S, B> && strategy_requires::abandon<S> &&
-    strategy_requires::inspection<S>;
+concept StagingStrategy =
+    Backend<B> && std::move_constructible<S> && std::copy_constructible<S> && strategy_requires::alignment<S> &&
+    strategy_requires::lease_kind<S> && strategy_requires::prepare<S, B> && strategy_requires::acquire<S, B> &&
+    strategy_requires::release_retained<S, B> && strategy_requires::abandon<S> && strategy_requires::inspection<S>;
 
 /// A strategy whose args live in one retained buffer the Stager slices itself.
 template <class S, class B>

@@ -89,8 +89,8 @@ public:
         data_ = nullptr;
         capacity_ = 0;
         if (!status) {
-            return Status(status.code(), message("packed mirror free failed on backend '", backend.name(),
-                                                 "': ", status.message()));
+            return Status(status.code(),
+                          message("packed mirror free failed on backend '", backend.name(), "': ", status.message()));
         }
         return status;
     }

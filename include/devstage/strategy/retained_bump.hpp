@@ -147,17 +147,18 @@ public:
     template <Backend B>
     Status adopt(B& backend, void* allocation, std::size_t bytes, StagerStats& stats) noexcept {
         if (slot_.allocation != nullptr) {
-            return Status(Errc::busy, detail::message("retained buffer adopt: the slot already holds ", capacity_,
-                                                      " bytes on backend '", backend.name(),
-                                                      "'; detach or release it first"));
+            return Status(Errc::busy,
+                          detail::message("retained buffer adopt: the slot already holds ", capacity_,
+                                          " bytes on backend '", backend.name(), "'; detach or release it first"));
         }
         void* base = allocation != nullptr ? detail::align_pointer(allocation, Alignment) : nullptr;
-        const auto slack = static_cast<std::size_t>(static_cast<std::byte*>(base) - static_cast<std::byte*>(allocation));
+        const auto slack =
+            static_cast<std::size_t>(static_cast<std::byte*>(base) - static_cast<std::byte*>(allocation));
         if (allocation == nullptr || bytes <= slack) {
-            return Status(Errc::invalid_argument,
-                          detail::message("retained buffer adopt: ", bytes, " bytes at ",
-                                          static_cast<const void*>(allocation), " leave nothing aligned to ", Alignment,
-                                          " on backend '", backend.name(), "'"));
+            return Status(
+                Errc::invalid_argument,
+                detail::message("retained buffer adopt: ", bytes, " bytes at ", static_cast<const void*>(allocation),
+                                " leave nothing aligned to ", Alignment, " on backend '", backend.name(), "'"));
         }
         slot_ = detail::AlignedAllocation{allocation, base, bytes};
         capacity_ = bytes - slack;
@@ -240,8 +241,8 @@ private:
 
     // The grown target, or exactly the requirement when the target cannot be had.
     template <Backend B>
-    Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, std::size_t required,
-                                               StagerStats& stats, std::size_t& size) noexcept {
+    Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, std::size_t required, StagerStats& stats,
+                                               std::size_t& size) noexcept {
         Result<detail::AlignedAllocation> grown =
             detail::allocate_exact_first<Alignment>(backend, target, "retained buffer grow", stats);
         size = target;

@@ -93,8 +93,9 @@ public:
             ++stats.device_frees;
             if (Status freed = backend.vmm_free(*handle); !freed) {
                 ++stats.free_failures;
-                return fail(stats, Status(mapped.code(), detail::message(mapped.message(), "; freeing the unmapped chunk of ",
-                                                                         grow, " bytes failed too: ", freed.message())));
+                return fail(stats,
+                            Status(mapped.code(), detail::message(mapped.message(), "; freeing the unmapped chunk of ",
+                                                                  grow, " bytes failed too: ", freed.message())));
             }
             return fail(stats, mapped);
         }
@@ -187,9 +188,9 @@ private:
 
     Status stop(StagerStats& stats, const Status& cause, const char* what) const noexcept {
         ++stats.free_failures;
-        return Status(cause.code(), detail::message("vmm release stopped ", what, " (", chunks_.size(),
-                                                    " chunk(s), ", mapped_, " bytes still mapped; release again to retry): ",
-                                                    cause.message()));
+        return Status(cause.code(),
+                      detail::message("vmm release stopped ", what, " (", chunks_.size(), " chunk(s), ", mapped_,
+                                      " bytes still mapped; release again to retry): ", cause.message()));
     }
 
     std::size_t reserve_bytes_ = std::size_t{64} << 30;
