@@ -73,7 +73,7 @@ public:
                 !copied) {
                 return copied;
             }
-            const Status recorded = mark(async, chunk, stream);
+            Status recorded = mark(async, chunk, stream);
             ++stats.ring_chunks;
             if (!recorded) return recorded;
             done += length;
@@ -226,7 +226,7 @@ private:
     Status mark(A& async, Chunk& chunk, Stream stream) noexcept {
         chunk.pending = true;
         chunk.stream = stream;
-        const Status recorded = async.record_event(chunk.event, stream);
+        Status recorded = async.record_event(chunk.event, stream);
         chunk.unmarked = !recorded.ok();
         return recorded;
     }
