@@ -5,7 +5,9 @@
 // free, every async operation failing in turn, and a real pipeline.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -408,5 +410,26 @@ TEMPLATE_TEST_CASE(
         CHECK(mock.live_device_allocations() == 0);
         CHECK(mock.misuses() == 0);
     }
-    REQUIRE(mock.destroy_stream(*stream).ok());
+    // Destroyed while the wait fails, the stager keeps that memory and tells its error sink.
+    std::vector<Status> reported;
+    auto report = [&reported](const Status& status) noexcept { reported.push_back(status); };
+    test::HostRun host = random_run(74);  // outlives the pending copies back
+    host.relink();
+    {
+        Stager<NoSyncMock, TestType> stager(mock);
+        stager.set_error_sink(ErrorSink::to(report));
+        Result<StagedRun> run = stager.bind(host.args, *stream);
+        REQUIRE(run.ok());
+        Result<Completion> done = stager.finish(std::move(*run), *stream);
+        REQUIRE(done.ok());
+        mock.fail_from(MockOp::synchronize_event, mock.calls(MockOp::synchronize_event) + 1);
+    }  // the Completion's wait fails, then the stager's
+    CHECK(std::any_of(reported.begin(), reported.end(), [](const Status& status) {
+        return status.message().find("could not be waited for") != std::string_view::npos;
+    }));
+    CHECK(mock.live_device_allocations() > 0);  // the pending copies still write into it
+    CHECK(mock.misuses() == 0);
+    mock.clear_faults();
+    REQUIRE(mock.destroy_stream(*stream).ok());  // runs the pending copies: into live memory
+    CHECK(mock.misuses() == 0);
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // CudaBackend on a GPU: the backend contract, staging, pinned, virtual-memory, async contract
 // and async staging suites, and the stream and event calls — ordering, cross-stream waits,
-// queries while a stream is held by a host function, virtual memory from a thread that never
-// called CUDA. Without a usable GPU the executable reports itself skipped (exit code 77).
+// queries while a stream is held by a host function —, is_pinned, and virtual memory from a
+// thread that never called CUDA. Without a usable GPU the executable reports itself skipped
+// (exit code 77).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -213,6 +214,21 @@ TEST_CASE("cuda gpu: an event never recorded is ready; zero-byte copies succeed"
     CHECK(gpu->copy_from_device_async(host, nullptr, 0, *stream).ok());
     CHECK(gpu->destroy_event(*event).ok());
     CHECK(gpu->destroy_stream(*stream).ok());
+}
+
+TEST_CASE("cuda gpu: is_pinned tells page-locked memory from pageable and device memory", "[cuda][pageable]") {
+    auto gpu = test::make_backend<CudaBackend>();
+    auto pinned = gpu->pinned_malloc(4096);
+    auto device = gpu->device_malloc(4096);
+    REQUIRE(pinned.ok());
+    REQUIRE(device.ok());
+    std::vector<std::byte> pageable(4096);
+    CHECK(gpu->is_pinned(*pinned));
+    CHECK(gpu->is_pinned(static_cast<std::byte*>(*pinned) + 4095));
+    CHECK_FALSE(gpu->is_pinned(pageable.data()));
+    CHECK_FALSE(gpu->is_pinned(*device));
+    CHECK(gpu->device_free(*device).ok());
+    CHECK(gpu->pinned_free(*pinned).ok());
 }
 
 TEST_CASE("cuda gpu: virtual memory works from a thread that never called CUDA", "[cuda][vmm]") {

@@ -11,8 +11,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,6 +25,8 @@
 #include <vector>
 
 #include "devstage/backends/cuda.hpp"
+#include "devstage/pageable.hpp"
+#include "devstage/stager.hpp"
 #include "support.hpp"
 
 #ifdef DEVSTAGE_TEST_CUDA_H
@@ -347,6 +351,56 @@ TEST_CASE("cuda: zero-byte asynchronous copies make no runtime call", "[cuda][as
     CHECK(gpu.destroy_stream(*stream).ok());
 }
 
+TEST_CASE("cuda: is_pinned asks cudaPointerGetAttributes, and the pageable ring follows its answer",
+          "[cuda][pageable]") {
+    const CudaShim& shim = CudaShim::get();
+    CudaBackend gpu = make_on_shim(0);
+    constexpr std::size_t bytes = 8192;
+    auto pinned = gpu.pinned_malloc(bytes);
+    auto device = gpu.device_malloc(bytes);
+    REQUIRE(pinned.ok());
+    REQUIRE(device.ok());
+    std::vector<std::byte> pageable(bytes);
+    auto* const pinned_bytes = static_cast<std::byte*>(*pinned);
+    CHECK(gpu.is_pinned(pinned_bytes));
+    CHECK(gpu.is_pinned(pinned_bytes + bytes - 1));  // inside the allocation too
+    CHECK_FALSE(gpu.is_pinned(pageable.data()));
+    CHECK_FALSE(gpu.is_pinned(*device));
+    shim.fail("cudaPointerGetAttributes", 1, 1);  // a query that fails answers pageable
+    CHECK_FALSE(gpu.is_pinned(pinned_bytes));
+    CHECK(gpu.is_pinned(pinned_bytes));
+
+    // On another thread, whose current device is another one, it asks about this device.
+    std::thread([&] {
+        REQUIRE(shim.set_device(1) == 0);
+        CHECK(gpu.is_pinned(pinned_bytes));
+    }).join();
+
+    Stager<CudaBackend> stager(gpu);
+    REQUIRE(
+        stager.set_pageable_ring(PageableRing{.threshold = 1024, .chunk_bytes = 4096, .chunks = 2, .threads = 0}).ok());
+    std::memset(pinned_bytes, 0x5A, bytes);
+    std::memset(pageable.data(), 0xA5, bytes);
+    const TensorArg args[] = {
+        {pinned_bytes, bytes, Direction::In},       // cudaHostAlloc memory: copied directly
+        {pageable.data(), bytes, Direction::InOut}  // pageable: through the ring
+    };
+    auto run = stager.bind(args);
+    REQUIRE(run.ok());
+    CHECK(stager.stats().ring_uploads == 1);
+    CHECK(stager.stats().ring_chunks == 2);
+    std::vector<std::byte> seen(bytes);
+    REQUIRE(gpu.copy_from_device(seen.data(), run->device_args()[1].data, bytes).ok());
+    CHECK(seen == pageable);
+    REQUIRE(gpu.copy_from_device(seen.data(), run->device_args()[0].data, bytes).ok());
+    CHECK(std::all_of(seen.begin(), seen.end(), [](std::byte b) { return b == std::byte{0x5A}; }));
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    CHECK(stager.stats().ring_copy_backs == 1);
+    REQUIRE(stager.release().ok());
+    CHECK(gpu.device_free(*device).ok());
+    CHECK(gpu.pinned_free(*pinned).ok());
+}
+
 TEST_CASE("cuda: failed stream and event calls name the call, the bytes, the device, the code and its text",
           "[cuda][async]") {
     const CudaShim& shim = CudaShim::get();
@@ -493,6 +547,17 @@ static_assert(sizeof(cudaError_t) == sizeof(cudart::cudaError_t) && sizeof(cudaM
 static_assert(sizeof(cudaStream_t) == sizeof(cudart::cudaStream_t) &&
               sizeof(cudaEvent_t) == sizeof(cudart::cudaEvent_t));
 static_assert(std::is_same_v<cudaHostFn_t, cudart::cudaHostFn_t>);
+static_assert(cudart::memory_type_unregistered == cudaMemoryTypeUnregistered);
+static_assert(cudart::memory_type_host == cudaMemoryTypeHost);
+static_assert(cudart::memory_type_device == cudaMemoryTypeDevice);
+static_assert(cudart::memory_type_managed == cudaMemoryTypeManaged);
+static_assert(sizeof(cudaPointerAttributes) <= sizeof(cudart::PointerAttributes));  // CUDA 12's is smaller
+static_assert(offsetof(cudaPointerAttributes, type) == offsetof(cudart::PointerAttributes, type));
+static_assert(offsetof(cudaPointerAttributes, device) == offsetof(cudart::PointerAttributes, device));
+static_assert(offsetof(cudaPointerAttributes, devicePointer) == offsetof(cudart::PointerAttributes, device_pointer));
+static_assert(offsetof(cudaPointerAttributes, hostPointer) == offsetof(cudart::PointerAttributes, host_pointer));
+static_assert(
+    std::is_same_v<decltype(&cudaPointerGetAttributes), cudaError_t (*)(cudaPointerAttributes*, const void*)>);
 
 static_assert(cudrv::success == CUDA_SUCCESS);
 static_assert(cudrv::error_out_of_memory == CUDA_ERROR_OUT_OF_MEMORY);

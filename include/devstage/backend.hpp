@@ -196,6 +196,15 @@ concept HostFunctionBackend = AsyncBackend<B> && requires(B& b, typename B::Stre
     noexcept->std::same_as<Status>;
 };
 
+/// Optional: `cb.is_pinned(p)` noexcept -> bool: whether host pointer `p` lies in page-locked
+/// memory the backend's copies use directly. The pageable ring (Stager::set_pageable_ring)
+/// asks it about large args whose TensorArg does not say.
+template <class B>
+concept PinnedQueryBackend = Backend<B> && requires(const B& cb, const void* p) {
+    { cb.is_pinned(p) }
+    noexcept->std::convertible_to<bool>;
+};
+
 /// Optional: `b.device_memset(dst, value, n)` noexcept -> Status.
 template <class B>
 concept MemsetBackend = Backend<B> && requires(B& b, void* dst, int value, std::size_t n) {

@@ -7,7 +7,6 @@
 /// reverse. `stager.set_pageable_ring(PageableRing{.threshold = 8 << 20, .threads = 8});`
 
 #include <algorithm>
-#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -29,14 +28,6 @@ struct PageableRing {
     std::size_t chunk_bytes = std::size_t{16} << 20;
     std::size_t chunks = 4;
     std::size_t threads = 4;
-};
-
-/// Optional: `cb.is_pinned(p)` noexcept -> bool: whether host pointer `p` lies in page-locked
-/// memory the backend's copies use directly.
-template <class B>
-concept PinnedQueryBackend = Backend<B> && requires(const B& cb, const void* p) {
-    { cb.is_pinned(p) }
-    noexcept->std::convertible_to<bool>;
 };
 
 namespace detail {

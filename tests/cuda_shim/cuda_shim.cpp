@@ -14,6 +14,8 @@
 // calling thread); a CUDA call from inside a host function is refused with
 // cudaErrorNotPermitted, as CUDA documents it may be. A copy with a null pointer is
 // cudaErrorInvalidValue. cudaEventQuery answers cudaErrorNotReady as often as a test asks.
+// cudaPointerGetAttributes answers from the allocations: cudaHostAlloc memory is host
+// (page-locked), cudaMalloc and mapped memory device, any other address unregistered.
 // Test control: the cuda_shim_* functions.
 //
 // Built with CUDA_SHIM_NO_EVENT_QUERY it lacks cudaEventQuery; with CUDA_SHIM_NO_DRIVER it
@@ -505,6 +507,36 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*function)(void*), voi
     in_host_function = true;
     function(user_data);
     in_host_function = false;
+    return cudaSuccess;
+}
+// cudaPointerAttributes, the part that CUDA 12 and 13 share (CUDA 13 adds reserved space after
+// it, which this runtime leaves alone as a CUDA 12 runtime would).
+struct PointerAttributes {
+    int type;  // 0 unregistered, 1 host, 2 device
+    int device;
+    void* devicePointer;
+    void* hostPointer;
+};
+cudaError_t cudaPointerGetAttributes(PointerAttributes* attributes, const void* pointer) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaPointerGetAttributes", code)) return code;
+    if (attributes == nullptr) return cudaErrorInvalidValue;
+    touch();
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    *attributes = PointerAttributes{0, -2, nullptr, nullptr};  // unregistered: pageable host memory
+    if (in_accessible_mappings(address, 1)) {
+        *attributes = PointerAttributes{2, current_device, const_cast<void*>(pointer), nullptr};
+        return cudaSuccess;
+    }
+    auto next = allocations.upper_bound(address);
+    if (next == allocations.begin()) return cudaSuccess;
+    --next;
+    if (address - next->first >= next->second.bytes) return cudaSuccess;
+    void* const at = const_cast<void*>(pointer);
+    const int device = next->second.device;
+    *attributes = device < 0 ? PointerAttributes{1, current_device, at, at} : PointerAttributes{2, device, at, nullptr};
     return cudaSuccess;
 }
 

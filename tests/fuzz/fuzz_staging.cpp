@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "devstage/backends/mock.hpp"
@@ -188,10 +189,8 @@ public:
         scan_journal();
         // What the stager held is back with the mock; what abandon forgot and frees the mock
         // refused remain.
-        EXPECT(static_cast<std::int64_t>(mock.live_device_allocations()) ==
-               static_cast<std::int64_t>(external.size() + spare.size() + detached.size()) + abandoned_device_ +
-                   stager_refused());
-        EXPECT(mock.live_pinned_allocations() == abandoned_pinned_ + refused_pinned_);
+        EXPECT(static_cast<std::int64_t>(mock.live_device_allocations()) == expected_device() + kept_device_);
+        EXPECT(mock.live_pinned_allocations() == abandoned_pinned_ + refused_pinned_ + kept_pinned_);
         EXPECT(mock.live_events() <= refused_events_ + 2 * slots_ * abandons_);
         EXPECT(abandons_ > 0 || mock.live_events() == refused_events_);
         // Destroying the streams runs their pending work (a forgotten run's, too): into memory
@@ -258,7 +257,21 @@ public:
     void end(bool keep_alive) {
         clear_faults();
         if (keep_alive) {
+            // Work that cannot be waited for (a sticky failure) keeps its memory past the
+            // stager's destruction, and the destructor says so to the error sink.
+            const std::int64_t held = stager_held();
+            const std::uint64_t mirrors = mirrors_held();
+            bool unwaited = false;
+            auto watch = [&unwaited](const Status& status) noexcept {
+                unwaited = unwaited || status.message().find("could not be waited for") != std::string_view::npos;
+            };
+            stager->set_error_sink(ErrorSink::to(watch));
             stager.reset();
+            scan_journal();
+            kept_device_ = static_cast<std::int64_t>(mock.live_device_allocations()) - expected_device();
+            kept_pinned_ = mock.live_pinned_allocations() - (abandoned_pinned_ + refused_pinned_);
+            EXPECT(kept_device_ >= 0 && kept_device_ <= held && (unwaited || kept_device_ == 0));
+            EXPECT(kept_pinned_ <= mirrors && (unwaited || kept_pinned_ == 0));
             for (const Pending& p : pending) EXPECT(!p.done.pending());
             for (const Live& l : live) EXPECT(!l.run.live());
             return;
@@ -266,9 +279,17 @@ public:
         for (Pending& p : pending) verify(*p.record, p.done.wait(), true);
         pending.clear();
         while (!live.empty()) drop_at(live.size() - 1);
-        const Status released = stager->release();
-        if (!released) EXPECT(!released.message().empty());
-        released_all();
+        Status released = stager->release();
+        if (!released) {
+            // Work whose wait failed keeps its slot's memory; once the failures are forgotten
+            // (every run was waited for) a second release() waits for it and frees it.
+            EXPECT(!released.message().empty());
+            released_all(released);
+            mock.clear_failures();
+            released = stager->release();
+            EXPECT(released.ok());
+        }
+        released_all(released);
         // A detached run's outputs arrive once its slot is settled: release() settled them all.
         if (fault_free()) {
             for (const auto& r : records) {
@@ -591,20 +612,23 @@ private:
     void release() {
         const Status released = stager->release();
         if (!released) EXPECT(!released.message().empty());
-        released_all();
+        released_all(released);
         if (fault_free()) EXPECT(released.ok());
     }
 
-    // After release(): live runs inert, frames dropped, every pending run settled, nothing held.
-    void released_all() {
+    // After release(): live runs inert, frames dropped, every pending run settled. A release()
+    // that succeeded holds nothing; one that failed may keep the memory of slots whose pending
+    // work could not be waited for (check() still accounts for it).
+    void released_all(const Status& released) {
         for (Live& l : live) {
             EXPECT(!l.run.live());
             l.record->inert = true;
         }
         drop_frames();
-        for (const Pending& p : pending) EXPECT(!p.done.pending());
         bump_all();
         EXPECT(stager->live_runs() == 0);
+        if (!released) return;
+        for (const Pending& p : pending) EXPECT(!p.done.pending());
         for (std::size_t slot = 0; slot < slots_; ++slot) {
             EXPECT(stager->strategy(slot).capacity() == 0);
             if constexpr (packs) EXPECT(stager->strategy(slot).mirror() == nullptr);
@@ -1034,6 +1058,12 @@ private:
     }
 
     // Device allocations the stager holds now, by its own counters and what changed hands.
+    // The device allocations live once the stager is gone: the harness's own, and what abandon
+    // forgot and frees the mock refused.
+    std::int64_t expected_device() const {
+        return static_cast<std::int64_t>(external.size() + spare.size() + detached.size()) + abandoned_device_ +
+               stager_refused();
+    }
     std::int64_t stager_held() const {
         const StagerStats& stats = stager->stats();
         return static_cast<std::int64_t>(stats.device_mallocs) - static_cast<std::int64_t>(stats.device_frees) +
@@ -1104,6 +1134,8 @@ private:
     std::int64_t adopted_fresh_ = 0;     // our allocations the stager adopted
     std::int64_t abandoned_device_ = 0;  // allocations the stager forgot by abandon
     std::uint64_t abandoned_pinned_ = 0;
+    std::int64_t kept_device_ = 0;  // what a stager destroyed under unwaitable work kept
+    std::uint64_t kept_pinned_ = 0;
     std::uint64_t abandons_ = 0;
     std::uint64_t deferred_base_ = 0;  // deferred_frees when everything was last released
 };

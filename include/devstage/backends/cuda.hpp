@@ -119,6 +119,16 @@ public:
         return pointer;
     }
     Status pinned_free(void* pointer) noexcept { return call("cudaFreeHost", api_.free_host, 0, pointer); }
+    /// cudaPointerGetAttributes: true when `pointer` lies in page-locked host memory — from
+    /// cudaHostAlloc or cudaHostRegister, anyone's (cudaMemoryTypeHost). Pageable, managed and
+    /// device memory answer false, and so does a query that fails: the pageable ring then takes
+    /// the arg, which is correct, only slower.
+    bool is_pinned(const void* pointer) const noexcept {
+        if (!bind()) return false;
+        cudart::PointerAttributes attributes;
+        return api_.pointer_get_attributes(&attributes, pointer) == cudart::success &&
+               attributes.type == cudart::memory_type_host;
+    }
 
     // ---- streams and events ----------------------------------------------------------------
     // An error of earlier asynchronous work (a faulting kernel, a copy that failed) is sticky
@@ -222,7 +232,7 @@ private:
     detail::CallSite site() const noexcept { return {name(), device_}; }
 
     // Makes this backend's device current on the calling thread when another one is.
-    Status bind() noexcept {
+    Status bind() const noexcept {
         int current = -1;
         if (Status s = detail::checked_call(errors_, site(), "cudaGetDevice", 0, api_.get_device, &current); !s) {
             return s;
@@ -251,5 +261,6 @@ static_assert(SynchronizingBackend<CudaBackend>);
 static_assert(AsyncBackend<CudaBackend>);
 static_assert(HostFunctionBackend<CudaBackend>);
 static_assert(VirtualMemoryBackend<CudaBackend>);
+static_assert(PinnedQueryBackend<CudaBackend>);
 
 }  // namespace devstage

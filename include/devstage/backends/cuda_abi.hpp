@@ -34,6 +34,21 @@ inline constexpr int memcpy_device_to_host = 2;
 inline constexpr unsigned host_alloc_default = 0;
 inline constexpr unsigned stream_non_blocking = 0x01;
 inline constexpr unsigned event_disable_timing = 0x02;
+inline constexpr int memory_type_unregistered = 0;
+inline constexpr int memory_type_host = 1;
+inline constexpr int memory_type_device = 2;
+inline constexpr int memory_type_managed = 3;
+
+/// cudaPointerAttributes as CUDA 13 lays it out. CUDA 12's struct is its first 24 bytes, all
+/// that a CUDA 12 runtime writes.
+struct PointerAttributes {
+    int type = memory_type_unregistered;  // enum cudaMemoryType
+    int device = 0;
+    void* device_pointer = nullptr;
+    void* host_pointer = nullptr;
+    long reserved[8] = {};
+};
+static_assert(sizeof(PointerAttributes) == 88 && offsetof(PointerAttributes, host_pointer) == 16);
 }  // namespace cudart
 
 /// The CUDA driver API subset CudaBackend uses for virtual memory (prototypes, values and
@@ -110,6 +125,7 @@ struct CudaRuntimeApi {
     cudart::cudaError_t (*event_synchronize)(cudart::cudaEvent_t) = nullptr;
     cudart::cudaError_t (*stream_wait_event)(cudart::cudaStream_t, cudart::cudaEvent_t, unsigned) = nullptr;
     cudart::cudaError_t (*launch_host_func)(cudart::cudaStream_t, cudart::cudaHostFn_t, void*) = nullptr;
+    cudart::cudaError_t (*pointer_get_attributes)(cudart::PointerAttributes*, const void*) = nullptr;
 };
 
 // How runtime calls fail: a cudaError_t and its cudaGetErrorString.
@@ -147,7 +163,8 @@ inline Status resolve_cuda_runtime(const DynamicLibrary& library, CudaRuntimeApi
         entry_point("cudaEventRecord", api.event_record), entry_point("cudaEventQuery", api.event_query),
         entry_point("cudaEventSynchronize", api.event_synchronize),
         entry_point("cudaStreamWaitEvent", api.stream_wait_event),
-        entry_point("cudaLaunchHostFunc", api.launch_host_func));
+        entry_point("cudaLaunchHostFunc", api.launch_host_func),
+        entry_point("cudaPointerGetAttributes", api.pointer_get_attributes));
 }
 
 // The driver entry points of virtual memory (prototypes as in cuda.h).

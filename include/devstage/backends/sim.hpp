@@ -390,5 +390,6 @@ static_assert(SynchronizingBackend<SimBackend>);
 static_assert(VirtualMemoryBackend<SimBackend>);
 static_assert(AsyncBackend<SimBackend>);
 static_assert(HostFunctionBackend<SimBackend>);
+static_assert(PinnedQueryBackend<SimBackend>);
 
 }  // namespace devstage
