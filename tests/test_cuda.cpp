@@ -17,40 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_kernel_on_host.hpp"
 #include "devstage/backends/cuda.hpp"
 #include "support.hpp"
-
-namespace {
-/// CudaBackend without its host functions. The async staging suite's stand-in kernel copies
-/// through CUDA, which a host function must not do (cudaLaunchHostFunc): over this type the
-/// suite waits for the stream and runs the kernel on the host.
-class CudaKernelOnHost : private devstage::CudaBackend {
-public:
-    explicit CudaKernelOnHost(CudaBackend&& gpu) noexcept : CudaBackend(std::move(gpu)) {}
-    using CudaBackend::copy_from_device;
-    using CudaBackend::copy_from_device_async;
-    using CudaBackend::copy_to_device;
-    using CudaBackend::copy_to_device_async;
-    using CudaBackend::create_event;
-    using CudaBackend::create_stream;
-    using CudaBackend::destroy_event;
-    using CudaBackend::destroy_stream;
-    using CudaBackend::device_alignment;
-    using CudaBackend::device_free;
-    using CudaBackend::device_malloc;
-    using CudaBackend::Event;
-    using CudaBackend::event_ready;
-    using CudaBackend::name;
-    using CudaBackend::pinned_free;
-    using CudaBackend::pinned_malloc;
-    using CudaBackend::record_event;
-    using CudaBackend::Stream;
-    using CudaBackend::stream_wait_event;
-    using CudaBackend::synchronize_event;
-};
-static_assert(devstage::AsyncBackend<CudaKernelOnHost> && devstage::PinnedHostBackend<CudaKernelOnHost>);
-static_assert(!devstage::HostFunctionBackend<CudaKernelOnHost>);
-}  // namespace
 
 template <>
 struct devstage::test::BackendFactory<devstage::CudaBackend> {
@@ -61,11 +30,11 @@ struct devstage::test::BackendFactory<devstage::CudaBackend> {
     }
 };
 template <>
-struct devstage::test::BackendFactory<CudaKernelOnHost> {
-    static std::unique_ptr<CudaKernelOnHost> make() {
+struct devstage::test::BackendFactory<devstage::test::CudaKernelOnHost> {
+    static std::unique_ptr<devstage::test::CudaKernelOnHost> make() {
         Result<CudaBackend> gpu = CudaBackend::create(0);
         REQUIRE(gpu.ok());
-        return std::make_unique<CudaKernelOnHost>(std::move(*gpu));
+        return std::make_unique<devstage::test::CudaKernelOnHost>(std::move(*gpu));
     }
 };
 
@@ -83,7 +52,7 @@ using VmmBackends = std::tuple<devstage::CudaBackend>;
 // twice is undefined; and the "[errors]" case — cudaMalloc rounds allocations up, so a copy
 // that overruns one by a byte may be accepted at the call (and fault later, or not at all).
 using AsyncBackends = std::tuple<devstage::CudaBackend>;
-using AsyncStagingBackends = std::tuple<CudaKernelOnHost>;
+using AsyncStagingBackends = std::tuple<devstage::test::CudaKernelOnHost>;
 #include "async_contract.hpp"
 #include "async_staging_suite.hpp"
 

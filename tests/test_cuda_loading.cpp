@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_kernel_on_host.hpp"
 #include "devstage/backends/cuda.hpp"
 #include "devstage/pageable.hpp"
 #include "devstage/stager.hpp"
@@ -87,35 +88,6 @@ devstage::CudaBackend make_on_shim(int device) {
     return std::move(*backend);
 }
 
-/// CudaBackend without its host functions. The async staging suite's stand-in kernel copies
-/// through CUDA, which a host function must not do (the stand-in refuses it, as CUDA may):
-/// over this type the suite waits for the stream and runs the kernel on the host.
-class CudaKernelOnHost : private devstage::CudaBackend {
-public:
-    explicit CudaKernelOnHost(CudaBackend&& gpu) noexcept : CudaBackend(std::move(gpu)) {}
-    using CudaBackend::copy_from_device;
-    using CudaBackend::copy_from_device_async;
-    using CudaBackend::copy_to_device;
-    using CudaBackend::copy_to_device_async;
-    using CudaBackend::create_event;
-    using CudaBackend::create_stream;
-    using CudaBackend::destroy_event;
-    using CudaBackend::destroy_stream;
-    using CudaBackend::device_alignment;
-    using CudaBackend::device_free;
-    using CudaBackend::device_malloc;
-    using CudaBackend::Event;
-    using CudaBackend::event_ready;
-    using CudaBackend::name;
-    using CudaBackend::pinned_free;
-    using CudaBackend::pinned_malloc;
-    using CudaBackend::record_event;
-    using CudaBackend::Stream;
-    using CudaBackend::stream_wait_event;
-    using CudaBackend::synchronize_event;
-};
-static_assert(devstage::AsyncBackend<CudaKernelOnHost> && devstage::PinnedHostBackend<CudaKernelOnHost>);
-static_assert(!devstage::HostFunctionBackend<CudaKernelOnHost>);
 }  // namespace
 
 template <>
@@ -127,10 +99,10 @@ struct devstage::test::BackendFactory<devstage::CudaBackend> {
 };
 
 template <>
-struct devstage::test::BackendFactory<CudaKernelOnHost> {
-    static std::unique_ptr<CudaKernelOnHost> make() {
+struct devstage::test::BackendFactory<devstage::test::CudaKernelOnHost> {
+    static std::unique_ptr<devstage::test::CudaKernelOnHost> make() {
         CudaShim::get().set_capacity(0, std::size_t{1} << 32);
-        return std::make_unique<CudaKernelOnHost>(make_on_shim(0));
+        return std::make_unique<devstage::test::CudaKernelOnHost>(make_on_shim(0));
     }
 };
 
@@ -150,7 +122,7 @@ using VmmBackends = std::tuple<devstage::CudaBackend>;
 // the use of a destroyed stream or event undefined, so what the stand-in answers proves
 // nothing about CUDA; main() below excludes it from every run.
 using AsyncBackends = std::tuple<devstage::CudaBackend>;
-using AsyncStagingBackends = std::tuple<CudaKernelOnHost>;
+using AsyncStagingBackends = std::tuple<devstage::test::CudaKernelOnHost>;
 #include "async_contract.hpp"
 #include "async_staging_suite.hpp"
 

@@ -5,116 +5,26 @@
 /// dlopen — no CANN header or library is needed to compile. Bound to one device: it makes its
 /// own context current before every call, so the calling thread's current device never
 /// decides where memory goes. Streams and events are ACL's, made in that context.
+/// The header to include; its parts: ascend_abi.hpp (the C ABI subset it declares: acl) and
+/// backends/detail/acl_events.hpp (its event records).
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/ascend_abi.hpp"
+#include "devstage/backends/detail/acl_events.hpp"
 #include "devstage/detail/dynamic_library.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/detail/runtime_call.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
-
-/// The ACL C ABI subset AscendBackend uses (prototypes as in CANN's acl_rt.h / acl_base.h).
-namespace acl {
-using aclError = int;
-using aclrtContext = void*;
-using aclrtStream = void*;
-using aclrtEvent = void*;
-inline constexpr aclError success = 0;
-inline constexpr aclError repeat_initialize = 100002;
-inline constexpr aclError bad_alloc = 200000;
-inline constexpr aclError rt_memory_allocation = 207001;
-inline constexpr int mem_malloc_huge_first = 0;
-inline constexpr int memcpy_host_to_device = 1;
-inline constexpr int memcpy_device_to_host = 2;
-inline constexpr aclError rt_feature_not_support = 207000;
-inline constexpr aclError api_not_support = 200001;
-inline constexpr int event_recorded_status_not_ready = 0;
-inline constexpr int event_recorded_status_complete = 1;
-
-using aclrtDrvMemHandle = void*;
-/// aclrtPhysicalMemProp, laid out as in acl_rt.h (32 bytes on x86-64).
-struct PhysicalMemProp {
-    int handle_type = 0;      // ACL_MEM_HANDLE_TYPE_NONE
-    int allocation_type = 0;  // ACL_MEM_ALLOCATION_TYPE_PINNED
-    int mem_attr = 4;         // ACL_HBM_MEM_HUGE
-    std::uint32_t location_id = 0;
-    int location_type = 1;  // ACL_MEM_LOCATION_TYPE_DEVICE
-    std::uint64_t reserve = 0;
-};
-static_assert(sizeof(PhysicalMemProp) == 32);
-inline constexpr int granularity_minimum = 0;
-}  // namespace acl
-
-namespace detail {
-/// An ACL event and whether a record of it was ever enqueued: ACL reports an event never
-/// recorded as not ready, where devstage's contract says it is ready. The backend links every
-/// record it made into a list, so the ones never destroyed are freed with the backend.
-struct AclEvent {
-    acl::aclrtEvent handle = nullptr;
-    std::atomic<bool> recorded{false};
-    AclEvent* previous = nullptr;
-    AclEvent* next = nullptr;
-};
-
-/// The AclEvent records a backend made and has not destroyed yet. Thread-safe.
-class AclEventList {
-public:
-    AclEventList() = default;
-    /// Takes `other`'s records (moving a backend another thread uses is not allowed anyway).
-    AclEventList(AclEventList&& other) noexcept : head_(std::exchange(other.head_, nullptr)) {}
-    AclEventList& operator=(AclEventList&&) = delete;
-    AclEventList(const AclEventList&) = delete;
-    AclEventList& operator=(const AclEventList&) = delete;
-    ~AclEventList() {
-        destroy_all([](acl::aclrtEvent) {});
-    }
-
-    void link(AclEvent* event) noexcept {
-        const std::lock_guard lock(mutex_);
-        event->next = head_;
-        if (head_ != nullptr) head_->previous = event;
-        head_ = event;
-    }
-    void unlink(AclEvent* event) noexcept {
-        const std::lock_guard lock(mutex_);
-        if (event->previous != nullptr) event->previous->next = event->next;
-        if (event->next != nullptr) event->next->previous = event->previous;
-        if (head_ == event) head_ = event->next;
-        event->previous = event->next = nullptr;
-    }
-    /// Frees every record still listed after calling `destroy` with its ACL event.
-    template <class F>
-    void destroy_all(F destroy) noexcept {
-        for (AclEvent* event = take_all(); event != nullptr;) {
-            AclEvent* next = event->next;
-            destroy(event->handle);
-            delete event;
-            event = next;
-        }
-    }
-
-private:
-    AclEvent* take_all() noexcept {
-        const std::lock_guard lock(mutex_);
-        return std::exchange(head_, nullptr);
-    }
-
-    std::mutex mutex_;
-    AclEvent* head_ = nullptr;
-};
-}  // namespace detail
 
 /// One Ascend device through libascendcl. `auto npu = AscendBackend::create(0); if (!npu) …`
 /// Move-only. Thread-safe as ACL is: every call first makes this backend's context current
@@ -357,81 +267,9 @@ public:
     }
 
 private:
-    struct Api {
-        acl::aclError (*init)(const char*) = nullptr;
-        acl::aclError (*set_device)(std::int32_t) = nullptr;
-        acl::aclError (*reset_device)(std::int32_t) = nullptr;
-        acl::aclError (*create_context)(acl::aclrtContext*, std::int32_t) = nullptr;
-        acl::aclError (*destroy_context)(acl::aclrtContext) = nullptr;
-        acl::aclError (*set_current_context)(acl::aclrtContext) = nullptr;
-        acl::aclError (*malloc)(void**, std::size_t, int) = nullptr;
-        acl::aclError (*free)(void*) = nullptr;
-        acl::aclError (*malloc_host)(void**, std::size_t) = nullptr;
-        acl::aclError (*free_host)(void*) = nullptr;
-        acl::aclError (*memcpy)(void*, std::size_t, const void*, std::size_t, int) = nullptr;
-        acl::aclError (*memset)(void*, std::size_t, std::int32_t, std::size_t) = nullptr;
-        acl::aclError (*synchronize_device)() = nullptr;
-        acl::aclError (*create_stream)(acl::aclrtStream*) = nullptr;
-        acl::aclError (*destroy_stream)(acl::aclrtStream) = nullptr;
-        acl::aclError (*synchronize_stream)(acl::aclrtStream) = nullptr;
-        acl::aclError (*memcpy_async)(void*, std::size_t, const void*, std::size_t, int, acl::aclrtStream) = nullptr;
-        acl::aclError (*create_event)(acl::aclrtEvent*) = nullptr;
-        acl::aclError (*destroy_event)(acl::aclrtEvent) = nullptr;
-        acl::aclError (*record_event)(acl::aclrtEvent, acl::aclrtStream) = nullptr;
-        acl::aclError (*query_event_status)(acl::aclrtEvent, int*) = nullptr;
-        acl::aclError (*synchronize_event)(acl::aclrtEvent) = nullptr;
-        acl::aclError (*stream_wait_event)(acl::aclrtStream, acl::aclrtEvent) = nullptr;
-    };
-
-    struct VmmApi {
-        acl::aclError (*reserve)(void**, std::size_t, std::size_t, void*, std::uint64_t) = nullptr;
-        acl::aclError (*release)(void*) = nullptr;
-        acl::aclError (*malloc_physical)(acl::aclrtDrvMemHandle*, std::size_t, const acl::PhysicalMemProp*,
-                                         std::uint64_t) = nullptr;
-        acl::aclError (*free_physical)(acl::aclrtDrvMemHandle) = nullptr;
-        acl::aclError (*map)(void*, std::size_t, std::size_t, acl::aclrtDrvMemHandle, std::uint64_t) = nullptr;
-        acl::aclError (*unmap)(void*) = nullptr;
-        acl::aclError (*granularity)(const acl::PhysicalMemProp*, int, std::size_t*) = nullptr;
-    };
-
-    // How ACL calls fail: an aclError, and the thread's aclGetRecentErrMsg (read and cleared).
-    struct AclErrors {
-        using Code = acl::aclError;
-        static constexpr Code success = acl::success;
-        static constexpr std::string_view code_name = "ACL error";
-        const char* (*recent_error_message)() = nullptr;
-
-        Errc errc(Code code) const noexcept {
-            return code == acl::rt_memory_allocation || code == acl::bad_alloc ? Errc::out_of_memory
-                                                                               : Errc::backend_failure;
-        }
-        const char* text(Code /*code*/) const noexcept {
-            return recent_error_message != nullptr ? recent_error_message() : nullptr;
-        }
-    };
-
     AscendBackend() = default;
 
-    Status resolve() noexcept {
-        using detail::entry_point;
-        return detail::resolve_entry_points(
-            library_, "ascend", entry_point("aclInit", api_.init), entry_point("aclrtSetDevice", api_.set_device),
-            entry_point("aclrtResetDevice", api_.reset_device), entry_point("aclrtCreateContext", api_.create_context),
-            entry_point("aclrtDestroyContext", api_.destroy_context),
-            entry_point("aclrtSetCurrentContext", api_.set_current_context), entry_point("aclrtMalloc", api_.malloc),
-            entry_point("aclrtFree", api_.free), entry_point("aclrtMallocHost", api_.malloc_host),
-            entry_point("aclrtFreeHost", api_.free_host), entry_point("aclrtMemcpy", api_.memcpy),
-            entry_point("aclrtMemset", api_.memset), entry_point("aclrtSynchronizeDevice", api_.synchronize_device),
-            entry_point("aclGetRecentErrMsg", errors_.recent_error_message),
-            entry_point("aclrtCreateStream", api_.create_stream),
-            entry_point("aclrtDestroyStream", api_.destroy_stream),
-            entry_point("aclrtSynchronizeStream", api_.synchronize_stream),
-            entry_point("aclrtMemcpyAsync", api_.memcpy_async), entry_point("aclrtCreateEvent", api_.create_event),
-            entry_point("aclrtDestroyEvent", api_.destroy_event), entry_point("aclrtRecordEvent", api_.record_event),
-            entry_point("aclrtQueryEventStatus", api_.query_event_status),
-            entry_point("aclrtSynchronizeEvent", api_.synchronize_event),
-            entry_point("aclrtStreamWaitEvent", api_.stream_wait_event));
-    }
+    Status resolve() noexcept { return detail::resolve_acl_runtime(library_, api_, errors_); }
 
     acl::PhysicalMemProp device_prop() const noexcept {
         acl::PhysicalMemProp prop;
@@ -441,13 +279,8 @@ private:
 
     // Resolves the virtual-memory entry points if the library has them all.
     void probe_vmm() noexcept {
-        using detail::entry_point;
-        VmmApi vmm;
-        const Status all = detail::resolve_entry_points(
-            library_, "ascend", entry_point("aclrtReserveMemAddress", vmm.reserve),
-            entry_point("aclrtReleaseMemAddress", vmm.release), entry_point("aclrtMallocPhysical", vmm.malloc_physical),
-            entry_point("aclrtFreePhysical", vmm.free_physical), entry_point("aclrtMapMem", vmm.map),
-            entry_point("aclrtUnmapMem", vmm.unmap), entry_point("aclrtMemGetAllocationGranularity", vmm.granularity));
+        detail::AclVmmApi vmm;
+        const Status all = detail::resolve_acl_vmm(library_, vmm);
         if (!all) return;
         std::size_t granularity = 0;
         const acl::PhysicalMemProp prop = device_prop();
@@ -489,12 +322,12 @@ private:
     }
 
     detail::DynamicLibrary library_;
-    Api api_;
-    AclErrors errors_;
+    detail::AclApi api_;
+    detail::AclErrors errors_;
     std::int32_t device_ = 0;
     acl::aclrtContext context_ = nullptr;
     bool device_open_ = false;
-    VmmApi vmm_;
+    detail::AclVmmApi vmm_;
     std::size_t granularity_ = 0;
     detail::AclEventList events_;
 };

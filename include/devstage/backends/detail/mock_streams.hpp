@@ -135,16 +135,10 @@ public:
     /// work that ran on `stream` since the previous recording.
     Status record_event(std::unique_lock<std::mutex>& lock, std::uint32_t event, std::uint32_t stream) noexcept {
         constexpr MockOp op = MockOp::record_event;
-        if (Status refused = begin(op); !refused) {
+        Events::iterator recorded;
+        MockEngine::StreamState* target = nullptr;
+        if (Status refused = find_event_and_stream(op, event, stream, recorded, target); !refused) {
             return recorder_.finish(op, nullptr, 0, std::move(refused), stream, event);
-        }
-        const auto recorded = events_.find(event);
-        if (recorded == events_.end()) {
-            return recorder_.finish(op, nullptr, 0, unknown_event(op, event), stream, event);
-        }
-        MockEngine::StreamState* target = engine_.find_stream(stream);
-        if (target == nullptr) {
-            return recorder_.finish(op, nullptr, 0, unknown_stream(op, stream), stream, event);
         }
         std::shared_ptr<Recording> recording;
         std::uint64_t seq = 0;
@@ -201,16 +195,10 @@ public:
 
     Status stream_wait_event(std::unique_lock<std::mutex>& lock, std::uint32_t stream, std::uint32_t event) noexcept {
         constexpr MockOp op = MockOp::stream_wait_event;
-        if (Status refused = begin(op); !refused) {
+        Events::iterator recorded;
+        MockEngine::StreamState* target = nullptr;
+        if (Status refused = find_event_and_stream(op, event, stream, recorded, target); !refused) {
             return recorder_.finish(op, nullptr, 0, std::move(refused), stream, event);
-        }
-        const auto recorded = events_.find(event);
-        if (recorded == events_.end()) {
-            return recorder_.finish(op, nullptr, 0, unknown_event(op, event), stream, event);
-        }
-        MockEngine::StreamState* target = engine_.find_stream(stream);
-        if (target == nullptr) {
-            return recorder_.finish(op, nullptr, 0, unknown_stream(op, stream), stream, event);
         }
         // Nothing to wait for; a failed recording is still enqueued, to hand its failure on.
         if (recorded->second == nullptr || (recorded->second->done && recorded->second->failure.ok())) {
@@ -265,6 +253,7 @@ private:
     using Recording = MockEngine::Recording;
     using Pending = MockEngine::Pending;
     using Target = MockEngine::Target;
+    using Events = std::map<std::uint32_t, std::shared_ptr<Recording>>;
 
     // The recorder's begin(), and the refusal of a stream or event operation from a host
     // function.
@@ -281,6 +270,17 @@ private:
     static Status host_exhausted(MockOp op) noexcept {
         return Status(Errc::out_of_memory, message("mock ", to_string(op), ": host memory exhausted"));
     }
+    // What record_event and stream_wait_event check first: the call's armed fault, then that
+    // the event and the stream are known (found in `recorded` and `target`).
+    Status find_event_and_stream(MockOp op, std::uint32_t event, std::uint32_t stream, Events::iterator& recorded,
+                                 MockEngine::StreamState*& target) noexcept {
+        if (Status refused = begin(op); !refused) return refused;
+        recorded = events_.find(event);
+        if (recorded == events_.end()) return unknown_event(op, event);
+        target = engine_.find_stream(stream);
+        if (target == nullptr) return unknown_stream(op, stream);
+        return {};
+    }
     Status unknown_stream(MockOp op, std::uint32_t id) noexcept {
         return recorder_.misuse(Errc::invalid_argument, message("mock ", to_string(op), ": unknown stream ", id));
     }
@@ -291,7 +291,7 @@ private:
     MockRecorder& recorder_;
     MockEngine& engine_;
     const std::uint32_t not_ready_polls_;
-    std::map<std::uint32_t, std::shared_ptr<Recording>> events_;  // the latest recording; null: never recorded
+    Events events_;  // the latest recording of each event; null: never recorded
     std::uint32_t next_stream_ = 0;
     std::uint32_t next_event_ = 0;
 };
