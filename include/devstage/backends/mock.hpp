@@ -7,7 +7,8 @@
 /// offsets), and detection of double free, unknown pointers, out-of-bounds copies and leaks.
 /// Its streams run work at the call, or — `MockConfig::deferred_async` — only when the host
 /// synchronizes, in an adversarial order: a race detector for stream-ordered code.
-/// The header to include; its parts: mock_journal.hpp (MockOp, MockCall), and in
+/// The header to include; its parts: mock_journal.hpp (MockOp, MockCall), mock_config.hpp
+/// (MockConfig), and in
 /// backends/detail/ the call ledger (counts, journal, fault injection) and the streams with
 /// their deferred-execution engine.
 
@@ -28,6 +29,7 @@
 #include "devstage/backends/detail/mock_engine.hpp"
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/detail/mock_streams.hpp"
+#include "devstage/backends/mock_config.hpp"
 #include "devstage/backends/mock_journal.hpp"
 #include "devstage/detail/address_map.hpp"
 #include "devstage/detail/align.hpp"
@@ -35,26 +37,6 @@
 #include "devstage/status.hpp"
 
 namespace devstage {
-
-/// Construction options of a MockBackend. `MockBackend mock(MockConfig::adversarial());`
-struct MockConfig {
-    /// Returned pointers are a 4096-aligned block plus this offset. The default 0 gives
-    /// page alignment; `device_alignment` (64) gives pointers aligned to exactly 64 and not
-    /// 128; an offset that is not a multiple of 64 breaks the backend's own promise, to test
-    /// that callers check it.
-    std::size_t offset = 0;
-    std::size_t device_capacity = std::numeric_limits<std::size_t>::max();
-    bool journal = true;
-    ErrorSink sink{};  ///< where the leak report goes on destruction
-    /// Enqueued work runs only when the host synchronizes, in an adversarial order across
-    /// streams (see MockBackend). False: it runs at the enqueuing call.
-    bool deferred_async = false;
-    /// With deferred_async: event_ready answers "not ready" this many times per recording,
-    /// then runs what the recording depends on and answers ready.
-    std::uint32_t not_ready_polls = 2;
-
-    static MockConfig adversarial() noexcept { return MockConfig{.offset = 64}; }
-};
 
 /// The test backend. Thread-safe. `MockBackend mock; mock.fail_call(MockOp::device_malloc, 2);`
 ///
