@@ -6,6 +6,10 @@
 //
 //   instructions MODE [tensors (default 1000)] [runs (default 10)]
 //   MODE: retained | packed | per-tensor | prefix-sum
+//         stream-retained | stream-packed: a pipelined decode loop on two slots over a backend
+//         with streams whose copies do nothing and whose events are always complete; each step
+//         binds on its own slot's host buffers (nothing shared), finishes on the stream and
+//         drops the previous step's Completion (instructions.sh reports these per step)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +48,28 @@ private:
     }
 };
 
+// NullCopyBackend with streams and events: copies do nothing, every event is complete.
+class NullAsyncBackend : public NullCopyBackend {
+public:
+    struct Stream {
+        int id = 0;
+        friend bool operator==(Stream, Stream) = default;
+    };
+    struct Event {
+        int id = 0;
+    };
+    Result<Stream> create_stream() noexcept { return Stream{1}; }
+    Status destroy_stream(Stream) noexcept { return {}; }
+    Status copy_to_device_async(void*, const void*, std::size_t, Stream) noexcept { return {}; }
+    Status copy_from_device_async(void*, const void*, std::size_t, Stream) noexcept { return {}; }
+    Result<Event> create_event() noexcept { return Event{1}; }
+    Status destroy_event(Event) noexcept { return {}; }
+    Status record_event(Event, Stream) noexcept { return {}; }
+    Result<bool> event_ready(Event) noexcept { return true; }
+    Status synchronize_event(Event) noexcept { return {}; }
+    Status stream_wait_event(Stream, Event) noexcept { return {}; }
+};
+
 std::vector<TensorArg> make_args(std::size_t count, std::vector<std::byte>& host) {
     host.assign(std::size_t{70} << 10, std::byte{1});
     std::vector<TensorArg> args;
@@ -73,6 +99,44 @@ template <class S>
     }
 }
 
+// Two pipelined steps in flight at a time, each on its own host buffers.
+template <class S>
+void stream_loop(S& stager, std::vector<TensorArg> (&args)[2], NullAsyncBackend::Stream stream, int runs) {
+    Completion previous;
+    for (int r = 0; r < runs; ++r) {
+        auto run = stager.bind(args[r % 2], stream);
+        if (!run) std::abort();
+        auto done = stager.finish(std::move(*run), stream);
+        if (!done) std::abort();
+        previous = std::move(*done);
+    }
+}
+template <class S>
+[[gnu::noinline]] void measure_stream_steps(S& stager, std::vector<TensorArg> (&args)[2],
+                                            NullAsyncBackend::Stream stream, int runs) {
+    stream_loop(stager, args, stream, runs);
+}
+
+template <class Strategy>
+int stream_steps(std::size_t tensors, int runs) {
+    // Decode-step sizes: 256 B to 4 KiB, each slot's args on its own host buffer.
+    std::vector<std::byte> host[2];
+    std::vector<TensorArg> args[2];
+    for (int s = 0; s < 2; ++s) {
+        host[s].assign(tensors << 12, std::byte{1});
+        for (std::size_t i = 0; i < tensors; ++i) {
+            args[s].push_back(
+                TensorArg{host[s].data() + (i << 12), 256 + (i * 997) % 3841, static_cast<Direction>(i % 3)});
+        }
+    }
+    NullAsyncBackend backend;
+    Stager<NullAsyncBackend, Strategy> stager(backend, Strategy{}, 2);
+    const NullAsyncBackend::Stream stream{1};
+    stream_loop(stager, args, stream, 2);  // outside the collection: a first step on each slot grows it
+    measure_stream_steps(stager, args, stream, runs);
+    return 0;
+}
+
 template <class Strategy>
 int stage(const std::vector<TensorArg>& args, int runs) {
     NullCopyBackend backend;
@@ -93,11 +157,15 @@ int main(int argc, char** argv) {
     if (mode == "retained") return stage<RetainedBump<>>(args, runs);
     if (mode == "packed") return stage<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(args, runs);
     if (mode == "per-tensor") return stage<PerTensorMalloc<>>(args, runs);
+    if (mode == "stream-retained") return stream_steps<RetainedBump<>>(tensors, runs);
+    if (mode == "stream-packed") return stream_steps<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(tensors, runs);
     if (mode == "prefix-sum") {
         std::vector<std::size_t> offsets(args.size());
         measure_prefix_sum(args, offsets, runs);
         return 0;
     }
-    std::fprintf(stderr, "usage: instructions retained|packed|per-tensor|prefix-sum [tensors] [runs]\n");
+    std::fprintf(
+        stderr,
+        "usage: instructions retained|packed|per-tensor|prefix-sum|stream-retained|stream-packed [tensors] [runs]\n");
     return 2;
 }

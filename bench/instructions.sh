@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per tensor of bind+finish, counted by valgrind's callgrind (deterministic),
 # beside a bare prefix sum of the same sizes. Usage: bench/instructions.sh EXECUTABLE [MAX]
-# Prints one line per mode; with MAX, exits 1 when RetainedBump costs more than MAX per tensor.
+# Prints one line per mode (instructions per tensor), then the stream loop's instructions per step; with MAX, exits 1 when RetainedBump costs more than MAX per tensor.
 set -euo pipefail
 exe=$1
 max=${2:-}
@@ -20,5 +20,13 @@ for mode in retained packed per-tensor prefix-sum; do
         echo "RetainedBump bind+finish costs $per instructions per tensor, above $max" >&2
         status=1
     fi
+done
+# Per step: a pipelined stream loop of 16 tensors on two slots, nothing shared between steps.
+steps=1000
+for mode in stream-retained stream-packed; do
+    valgrind --tool=callgrind --toggle-collect='*measure_*' --callgrind-out-file="$out/$mode" \
+        "$exe" "$mode" 16 "$steps" >/dev/null 2>"$out/$mode.log"
+    total=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/$mode.log")
+    echo "$mode-per-step $(awk -v t="$total" -v n=$steps 'BEGIN { printf "%.1f", t / n }')"
 done
 exit $status
