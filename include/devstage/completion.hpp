@@ -29,12 +29,17 @@ public:
     /// Settles slot `slot` through generation `generation` (a completion given up on: a
     /// failure then goes to the owner's error sink).
     virtual void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept = 0;
+    /// The completion of run `generation` on `slot`, which held that slot (a frame's run), is
+    /// destroyed or detached: the slot may be taken again.
+    virtual void release_hold(std::size_t slot, std::uint64_t generation) noexcept = 0;
 
-    inline void link(Completion& completion, std::size_t slot, std::uint64_t generation) noexcept;
-    /// Hands `result` to every linked completion of `slot` up to `generation` and unlinks them;
-    /// returns how many there were.
+    /// Links `completion` to run `generation` of `slot`; `holds`: it holds the slot until it
+    /// is destroyed or detached, even once resolved.
+    inline void link(Completion& completion, std::size_t slot, std::uint64_t generation, bool holds) noexcept;
+    /// Hands `result` to every unresolved completion of `slot` up to `generation` and unlinks
+    /// those that hold nothing; returns how many there were.
     inline std::size_t resolve(std::size_t slot, std::uint64_t generation, const Status& result) noexcept;
-    /// Hands `result` to every linked completion.
+    /// Hands `result` to every unresolved completion and unlinks all (holds end with the owner).
     inline void resolve_all(const Status& result) noexcept;
 
 protected:
@@ -59,7 +64,8 @@ private:
 /// and reports the first failure of the run's own enqueued work as far as the backend can tell;
 /// ready() never blocks; detach() gives up waiting (the stager settles the run later, reporting
 /// a failure to its error sink). The destructor waits unless detached. A default-constructed
-/// Completion is complete and ok.
+/// Completion is complete and ok. The Completion of a frame's run holds that frame (its slot's
+/// mirror) for the engine until it is destroyed or detached, whether or not it was waited for.
 class [[nodiscard]] Completion {
 public:
     Completion() noexcept = default;
@@ -77,23 +83,30 @@ public:
 
     /// Blocks until the run completed; its failure, or ok. Repeated calls return the same.
     Status wait() noexcept {
-        if (owner_ != nullptr) owner_->settle_completion(*this);
+        if (owner_ != nullptr && !resolved_) owner_->settle_completion(*this);
         return result_;
     }
 
     /// True once the run completed (its outputs are then in place); never blocks. A failed
     /// query is returned as an error; the run's own failure is then given by wait().
     Result<bool> ready() noexcept {
-        if (owner_ == nullptr) return true;
+        if (owner_ == nullptr || resolved_) return true;
         return owner_->poll_completion(*this);
     }
 
     /// Stops watching the run: the destructor will not wait, and a later failure goes to the
-    /// stager's error sink. The outputs still arrive, when the stager next settles the slot.
-    void detach() noexcept { unlink(); }
+    /// stager's error sink. The outputs still arrive, when the stager next settles the slot. A
+    /// frame's run gives its frame back to the stager.
+    void detach() noexcept {
+        if (owner_ == nullptr) return;
+        detail::CompletionOwner* owner = owner_;
+        const bool holds = holds_;
+        unlink();
+        if (holds) owner->release_hold(slot_, generation_);
+    }
 
     /// True while the run is watched and not yet known complete.
-    bool pending() const noexcept { return owner_ != nullptr; }
+    bool pending() const noexcept { return owner_ != nullptr && !resolved_; }
 
 private:
     friend class detail::CompletionOwner;
@@ -102,6 +115,8 @@ private:
         owner_ = other.owner_;
         slot_ = other.slot_;
         generation_ = other.generation_;
+        resolved_ = other.resolved_;
+        holds_ = other.holds_;
         result_ = std::move(other.result_);
         prev_ = other.prev_;
         next_ = other.next_;
@@ -111,6 +126,7 @@ private:
         }
         other.owner_ = nullptr;
         other.prev_ = other.next_ = nullptr;
+        other.resolved_ = other.holds_ = false;
         other.result_ = {};
     }
 
@@ -127,13 +143,18 @@ private:
         detail::CompletionOwner* owner = owner_;
         const std::size_t slot = slot_;
         const std::uint64_t generation = generation_;
+        const bool resolved = resolved_;
+        const bool holds = holds_;
         unlink();  // nobody reads the result now: a failure goes to the sink
-        owner->settle_unwatched(slot, generation);
+        if (!resolved) owner->settle_unwatched(slot, generation);
+        if (holds) owner->release_hold(slot, generation);
     }
 
     detail::CompletionOwner* owner_ = nullptr;
     std::size_t slot_ = 0;
     std::uint64_t generation_ = 0;
+    bool resolved_ = false;  // result_ is final (a holding completion stays linked)
+    bool holds_ = false;     // holds its slot (a frame's run) until destroyed or detached
     Status result_;
     Completion* prev_ = nullptr;
     Completion* next_ = nullptr;
@@ -145,10 +166,13 @@ inline std::size_t CompletionOwner::slot_of(const Completion& completion) noexce
     return completion.slot_;
 }
 
-inline void CompletionOwner::link(Completion& completion, std::size_t slot, std::uint64_t generation) noexcept {
+inline void CompletionOwner::link(Completion& completion, std::size_t slot, std::uint64_t generation,
+                                  bool holds) noexcept {
     completion.owner_ = this;
     completion.slot_ = slot;
     completion.generation_ = generation;
+    completion.resolved_ = false;
+    completion.holds_ = holds;
     completion.prev_ = nullptr;
     completion.next_ = head_;
     if (head_ != nullptr) head_->prev_ = &completion;
@@ -159,9 +183,10 @@ inline std::size_t CompletionOwner::resolve(std::size_t slot, std::uint64_t gene
     std::size_t resolved = 0;
     for (Completion* c = head_; c != nullptr;) {
         Completion* next = c->next_;
-        if (c->slot_ == slot && c->generation_ <= generation) {
+        if (c->slot_ == slot && c->generation_ <= generation && !c->resolved_) {
             c->result_ = result;
-            c->unlink();
+            c->resolved_ = true;
+            if (!c->holds_) c->unlink();
             ++resolved;
         }
         c = next;
@@ -172,7 +197,7 @@ inline std::size_t CompletionOwner::resolve(std::size_t slot, std::uint64_t gene
 inline void CompletionOwner::resolve_all(const Status& result) noexcept {
     while (head_ != nullptr) {
         Completion* c = head_;
-        c->result_ = result;
+        if (!c->resolved_) c->result_ = result;
         c->unlink();
     }
 }

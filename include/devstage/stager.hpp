@@ -81,11 +81,25 @@ public:
     using Async = stream_backend_t<B>;
     using Stream = typename Async::Stream;
 
-    explicit Stager(B& backend, Strategy strategy = {}, std::size_t pipeline_slots = 1)
+    /// At most this many pipeline slots.
+    static constexpr std::size_t max_pipeline_slots = 256;
+
+    /// A stager of `pipeline_slots` slots (0 counts as 1). More than max_pipeline_slots, or
+    /// host memory short for them, leaves a stager with no slot whose every call returns why
+    /// (status() tells at once).
+    explicit Stager(B& backend, Strategy strategy = {}, std::size_t pipeline_slots = 1) noexcept
         : backend_(&backend), async_(backend) {
-        slots_.reserve(std::max<std::size_t>(pipeline_slots, 1));
-        for (std::size_t i = 1; i < pipeline_slots; ++i) slots_.emplace_back(Strategy(strategy));
-        slots_.emplace_back(std::move(strategy));
+        const std::size_t count = std::max<std::size_t>(pipeline_slots, 1);
+        if (count > max_pipeline_slots) {
+            broken_ = Status(Errc::invalid_argument,
+                             with_backend(detail::message("stager: ", pipeline_slots,
+                                                          " pipeline slots asked for; at most ", max_pipeline_slots)));
+            return;
+        }
+        if (!detail::make_slots(slots_, count, std::move(strategy))) {
+            broken_ = Status(Errc::out_of_memory,
+                             with_backend(detail::message("stager: host memory for ", count, " pipeline slots")));
+        }
     }
     Stager(const Stager&) = delete;
     Stager& operator=(const Stager&) = delete;
@@ -163,8 +177,15 @@ public:
         const std::size_t index = run.slot_;
         Slot& slot = slots_[index];
         Status first = slot.fence.join(async(), slot.bind_stream, stream);
-        // Without the join nothing is enqueued on `stream`: the uploads are what pends.
-        const Stream fenced = first.ok() ? stream : slot.bind_stream;
+        // Without the join nothing is enqueued on `stream` but the caller's kernel, which may use
+        // the run's memory: the uploads are waited for on the host, and the memory is then kept
+        // until `stream`'s work completed (or, if the uploads cannot be waited for, until they do).
+        Stream fenced = stream;
+        if (!first.ok()) {
+            (void)slot.fence.record(async(), slot.bind_stream);
+            (void)slot.fence.wait(async(), stats_);
+            if (slot.fence.pending()) fenced = slot.bind_stream;
+        }
         typename Moves::CopyBacks backs;
         if (execution.ok() && first.ok()) backs = moves().copy_back(slot, stream, first);
         stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
@@ -182,7 +203,11 @@ public:
         ++slot.generation;
         // Watched before the leases go back: a release that waits for the slot settles this run.
         Completion completion;
-        if (first.ok()) link(completion, index, slot.generation);
+        if (first.ok()) {
+            link(completion, index, slot.generation, slot.all_packed);  // a frame's run holds the frame
+            slot.held = slot.all_packed;
+            slot.held_generation = slot.generation;
+        }
         Status released = release_leases(slot);
         unlink_handle(slot);
         if (!first.ok() || !released.ok()) {
@@ -208,7 +233,8 @@ public:
                           with_backend("stager frame: no shapes; a frame holds at least one tensor (bind an empty "
                                        "arg list instead)"));
         }
-        const std::optional<std::size_t> free = free_slot();
+        if (slots_.empty()) return broken_;
+        const std::optional<std::size_t> free = free_slot({});
         if (!free) return busy("frame");
         const std::size_t index = *free;
         Slot& slot = slots_[index];
@@ -225,9 +251,11 @@ public:
     /// Grows every slot's retained buffer (and mirror) to at least `bytes` now, so later runs
     /// up to that size never move device addresses (for captured graphs), after waiting for
     /// the slots' pending work. Busy while a run is live or a frame unbound.
-    Status reserve(std::size_t bytes) noexcept {
+    /// A slot that fails to grow keeps what it held. Retained strategies only.
+    Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
+        if (slots_.empty()) return broken_;
         const auto framed = static_cast<std::size_t>(
-            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed; }));
+            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed || s.held; }));
         if (live_runs() > 0 || framed > 0)
             return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
         const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
@@ -236,7 +264,7 @@ public:
             StagingLayout layout;
             layout.required_bytes = bytes;
             layout.packed_bytes = mirror;
-            if (Status grown = grow(index, layout); !grown) return grown;
+            if (Status grown = grow(index, layout, true); !grown) return grown;
         }
         return {};
     }
@@ -249,7 +277,7 @@ public:
     }
     {
         if (slot >= slots_.size()) return out_of_range("adopt", slot);
-        if (slots_[slot].live || slots_[slot].framed) return busy("adopt");
+        if (slots_[slot].live || slots_[slot].framed || slots_[slot].held) return busy("adopt");
         settle(slot);
         if (Status adopted = slots_[slot].strategy.adopt(*backend_, allocation, bytes, stats_); !adopted) {
             return adopted;
@@ -265,7 +293,7 @@ public:
     }
     {
         if (slot >= slots_.size()) return out_of_range("detach", slot);
-        if (slots_[slot].live || slots_[slot].framed) return busy("detach");
+        if (slots_[slot].live || slots_[slot].framed || slots_[slot].held) return busy("detach");
         if (Status settled = settle_fully(slot, "detach"); !settled) return settled;
         return slots_[slot].strategy.detach(stats_);
     }
@@ -282,7 +310,7 @@ public:
                 Status dropped = end_live_run(slot);
                 if (first.ok()) first = std::move(dropped);
             }
-            slot.framed = false;
+            slot.framed = slot.held = false;
         }
         if constexpr (PinnedHostBackend<B>) {
             if (ring_) {
@@ -316,7 +344,10 @@ public:
             slot.lease_count = 0;
             slot.deferred.clear();
             slot.fence.forget();
-            slot.framed = false;
+            slot.framed = slot.held = false;
+            slot.has_settle_after = false;
+            std::fill(slot.settle_after.begin(), slot.settle_after.end(), 0);
+            slot.carried = {};
             slot.unpack = slot.uses_mirror = false;
             slot.settled = slot.generation;
             slot.strategy.abandon(stats_);
@@ -369,6 +400,10 @@ public:
 
     const StagerStats& stats() const noexcept {
         return stats_;
+    }
+    /// Ok, or why the stager has no slot (see the constructor).
+    const Status& status() const noexcept {
+        return broken_;
     }
     /// The strategy instance of one pipeline slot (its retained buffer, for inspection).
     const Strategy& strategy(std::size_t slot = 0) const noexcept {
@@ -437,6 +472,7 @@ private:
         Result<StagedRun> run = bind_on(std::move(choice), args, stream);
         if (!run || immediate) return run;
         Slot& slot = slots_[run->slot_];
+        slot.uploads_pending = false;
         if (Status drained = slot.fence.drain(async(), stream, stats_); !drained) {
             run = Status(drained.code(),
                          with_backend(detail::message("stager bind: the uploads failed: ", drained.message())));
@@ -451,6 +487,7 @@ private:
         const bool frame = slot.framed && args.data() == slot.frame_args.data();
         if (Status ready = make_ready(index, stream, frame || pack_limit > 0); !ready) return ready;
         if (Status sized = slot.size_for(args.size()); !sized) return sized;
+        if (slots_.size() > 1) carry(slot);
 
         if constexpr (fused) {
             // Plan, slice and lease in one pass against the buffer held; a plan that outgrows it
@@ -459,9 +496,7 @@ private:
             if (!required) return Status(required.status().code(), with_backend(required.status().message()));
             slot.layout = StagingLayout{};
             slot.layout.required_bytes = *required;
-            if (live_runs() > 0) {
-                if (Status overlap = check_overlap(index, args); !overlap) return overlap;
-            }
+            if (Status ordered = order_after_in_flight(index, args, stream, false); !ordered) return ordered;
             if (*required > slot.strategy.capacity()) {
                 if (Status grown = grow(index, slot.layout); !grown) return grown;
                 (void)moves().slice(slot, args);
@@ -470,7 +505,7 @@ private:
             if (Status uploaded = moves().upload(slot, stream, enqueued); !uploaded) {
                 return failed_bind(slot, stream, enqueued, uploaded);
             }
-            return bound(index, args.size(), stream);
+            return bound(index, args.size(), stream, enqueued);
         }
         if (frame) {
             slot.layout = slot.frame_layout;
@@ -481,10 +516,11 @@ private:
             Result<StagingLayout> layout = planned.ok() ? pass.finish() : Result<StagingLayout>(planned);
             if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
             slot.layout = *layout;
-            if (live_runs() > 0) {
-                if (Status overlap = check_overlap(index, args); !overlap) return overlap;
+            if constexpr (pack_limit > 0) {
+                if (Status own = own_mirror(index, args); !own) return own;
             }
         }
+        if (Status ordered = order_after_in_flight(index, args, stream, frame); !ordered) return ordered;
         if (Status grown = grow(index, slot.layout); !grown) return grown;
 
         slot.all_packed = frame;
@@ -498,12 +534,13 @@ private:
         }
         if (!staged) return failed_bind(slot, stream, enqueued, staged);
         if (frame) slot.framed = false;
-        return bound(index, args.size(), stream);
+        return bound(index, args.size(), stream, enqueued);
     }
 
-    Result<StagedRun> bound(std::size_t index, std::size_t count, Stream stream) noexcept {
+    Result<StagedRun> bound(std::size_t index, std::size_t count, Stream stream, bool enqueued) noexcept {
         Slot& slot = slots_[index];
         slot.live = true;
+        slot.uploads_pending = enqueued && !immediate;
         slot.bind_stream = stream;
         slot.bound_at = ++ticks_;
         ++stats_.runs;
@@ -545,9 +582,10 @@ private:
     }
 
     // Grows slot `index` to hold `layout`, giving replaced memory back in stream order.
-    Status grow(std::size_t index, const StagingLayout& layout) noexcept {
+    // `keep`: a failed grow keeps what the slot held (reserve).
+    Status grow(std::size_t index, const StagingLayout& layout, bool keep = false) noexcept {
         Slot& slot = slots_[index];
-        const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0};
+        const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0, keep};
         if constexpr (retained) {
             const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
             if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};
@@ -582,12 +620,121 @@ private:
         return queue->stager->settle_fully(queue->index, "free");
     }
 
-    // A bind while other runs are live must not read or write host memory their copy-backs
-    // will still write (InOut state shared across pipelined steps).
-    Status check_overlap(std::size_t index, std::span<const TensorArg> args) noexcept {
-        const std::optional<detail::Overlap> found = detail::find_overlap(std::span<Slot>(slots_), index, args);
-        if (!found) return {};
-        return detail::overlap_failure(found->arg, args[found->arg], found->slot, *found->lease, backend_->name());
+    // ---- host hazards between runs in flight (the rules: detail/run_order.hpp) -------------
+
+    // Before slot `index` runs `args` on `stream`: orders it after every run in flight whose
+    // host memory it conflicts with — a stream wait, a settle on the host first, or a settle
+    // order — or refuses it (busy) when a live run will still write that memory.
+    Status order_after_in_flight(std::size_t index, std::span<const TensorArg> args, Stream stream,
+                                 bool frame) noexcept {
+        Slot& self = slots_[index];
+        self.box_valid = false;
+        for (std::size_t other = 0; other < slots_.size(); ++other) {
+            Slot& slot = slots_[other];
+            if (other == index || !(slot.live || slot.fence.pending() || slot.unpack)) continue;
+            if (!self.box_valid) {
+                self.box = detail::box_of(args);
+                self.box_valid = true;
+            }
+            detail::Conflict conflict;
+            if (slot.host_box().meets(self.box)) {
+                conflict = detail::find_conflict(
+                    args, slot.leases(), slot.live,
+                    [&](const TensorArg& arg, detail::Touch& read, detail::Touch& write) {
+                        new_touch(arg, frame, read, write);
+                    },
+                    [&](const TensorLease& lease, detail::Touch& read, detail::Touch& write) {
+                        old_touch(slot, lease, read, write);
+                    });
+            }
+            if (slot.fence.pending() && slot.carried.meets(self.box) && conflict.need < detail::Need::stream_wait) {
+                conflict.need = detail::Need::stream_wait;  // earlier runs of that slot: device order
+                for (const TensorArg& arg : args) {
+                    detail::Touch read = detail::Touch::none, write = detail::Touch::none;
+                    new_touch(arg, frame, read, write);
+                    if (read == detail::Touch::host_now) conflict.need = detail::Need::settle_now;
+                }
+            }
+            if (conflict.need == detail::Need::none) continue;
+            if (Status ordered = order_after(index, other, conflict, args, stream); !ordered) return ordered;
+        }
+        return {};
+    }
+
+    Status order_after(std::size_t index, std::size_t other, const detail::Conflict& conflict,
+                       std::span<const TensorArg> args, Stream stream) noexcept {
+        using detail::Need;
+        Slot& slot = slots_[other];
+        if (conflict.need == Need::refuse) {
+            return detail::overlap_failure(conflict.arg, args[conflict.arg], other, *conflict.lease, backend_->name());
+        }
+        if (conflict.need == Need::after_uploads) {
+            if (!slot.uploads_pending || slot.bind_stream == stream) return {};
+            ++stats_.hazard_stream_waits;
+            return slot.fence.join(async(), slot.bind_stream, stream);
+        }
+        if (!slot.fence.pending() || conflict.need == Need::settle_now) {
+            if (slot.fence.pending()) ++stats_.hazard_settles;
+            return settle_fully(other, "bind");  // complete already, or settled on the host now
+        }
+        if (slot.fence.stream() != stream) ++stats_.hazard_stream_waits;
+        if (Status ordered = slot.fence.order_before(async(), stream); !ordered) return ordered;
+        if (conflict.need == Need::settle_after) {
+            slots_[index].settle_after[other] = slot.generation;
+            slots_[index].has_settle_after = true;
+        }
+        return {};
+    }
+
+    // How the new run touches an arg's host memory.
+    void new_touch(const TensorArg& arg, bool frame, detail::Touch& read, detail::Touch& write) const noexcept {
+        using detail::Touch;
+        const bool packed = !frame && arg.bytes <= pack_limit;
+        const bool ringed = !frame && arg.bytes >= ring_threshold_;
+        if (uploads(arg.direction)) read = frame ? Touch::device : (packed || ringed) ? Touch::host_now : Touch::device;
+        if (copies_back(arg.direction)) write = packed ? Touch::host_deferred : Touch::device;
+    }
+
+    // How the run in flight (or live) on `slot` touches a lease's host memory.
+    static void old_touch(const Slot& slot, const TensorLease& lease, detail::Touch& read,
+                          detail::Touch& write) noexcept {
+        using detail::Touch;
+        const bool packed = slot.packed(lease);
+        const bool device_pending = slot.live ? slot.uploads_pending : slot.fence.pending();
+        if (lease.upload && (!packed || slot.all_packed) && device_pending) read = Touch::device;
+        if (lease.copy_back) {
+            if (slot.live || !packed || slot.all_packed) {
+                write = slot.live || slot.fence.pending() ? Touch::device : Touch::none;
+            } else if (slot.unpack) {
+                write = Touch::host_deferred;
+            }
+        }
+    }
+
+    // A slot rebound while its earlier work is pending keeps that work's host box.
+    static void carry(Slot& slot) noexcept {
+        if (!slot.fence.pending()) {
+            slot.carried = {};
+        } else {
+            slot.carried.add(slot.host_box());
+        }
+        if (slot.has_settle_after) {
+            std::fill(slot.settle_after.begin(), slot.settle_after.end(), 0);
+            slot.has_settle_after = false;
+        }
+    }
+
+    // A packed bind must not read args from the mirror it is about to rewrite (or grow).
+    Status own_mirror(std::size_t index, std::span<const TensorArg> args) const noexcept {
+        const Slot& slot = slots_[index];
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            if (args[i].bytes > 0 && args[i].placement == Placement::Host &&
+                detail::inside(args[i].data, detail::mirror_of(slot.strategy),
+                               detail::mirror_capacity_of(slot.strategy))) {
+                return detail::arg_in_own_mirror(i, args[i], index, backend_->name());
+            }
+        }
+        return {};
     }
 
     // ---- finish, settle, release ----------------------------------------------------------
@@ -636,10 +783,22 @@ private:
             }
         }
         slot.deferred.clear();
+        if (slot.has_settle_after) settle_predecessors(index);
         if (slot.unpack && status.ok()) moves().unpack(slot);
         slot.unpack = false;
         slot.uses_mirror = false;
         resolve_settled(index, status);
+    }
+
+    // Settles the runs in flight that slot `index`'s run must be settled after (packed outputs
+    // in finish order). They completed before it: its stream waited for them.
+    void settle_predecessors(std::size_t index) noexcept {
+        Slot& slot = slots_[index];
+        slot.has_settle_after = false;
+        for (std::size_t other = 0; other < slots_.size(); ++other) {
+            const std::uint64_t generation = std::exchange(slot.settle_after[other], 0);
+            if (generation != 0 && slots_[other].settled < generation) settle(other);
+        }
     }
 
     // Hands `status` to the completions watching slot `index` (to the error sink when none does).
@@ -716,35 +875,50 @@ private:
     void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept override {
         if (slots_[slot].settled < generation) settle(slot);
     }
+    void release_hold(std::size_t slot, std::uint64_t generation) noexcept override {
+        if (slot < slots_.size() && slots_[slot].held_generation == generation) slots_[slot].held = false;
+    }
     static std::size_t completion_slot(const Completion& completion) noexcept {
         return slot_of(completion);
     }
 
     // ---- slot choice -------------------------------------------------------------------------
 
-    std::optional<std::size_t> free_slot() noexcept {
-        std::optional<std::size_t> oldest;
-        for (std::size_t index = 0; index < slots_.size(); ++index) {
-            Slot& slot = slots_[index];
-            if (slot.live || slot.framed) continue;
-            if (!slot.fence.pending()) return index;
-            Result<bool> ready = slot.fence.poll(async());
-            if (ready && *ready) return index;
-            if (!oldest || slot.bound_at < slots_[*oldest].bound_at) oldest = index;
-        }
-        return oldest;
+    // The slot a bind of `args` (a frame: none) takes; see detail::choose_slot. A packed
+    // bind does not take a slot whose mirror holds one of its args.
+    std::optional<std::size_t> free_slot(std::span<const TensorArg> args) noexcept {
+        return detail::choose_slot(
+            slots_.size(),
+            [this](std::size_t i) {
+                const Slot& slot = slots_[i];
+                return detail::SlotView{slot.live || slot.framed || slot.held, slot.fence.pending(), slot.bound_at};
+            },
+            [this](std::size_t i) {
+                Result<bool> ready = slots_[i].fence.poll(async());
+                return ready && *ready;
+            },
+            [this, args](std::size_t i) {
+                if constexpr (pack_limit > 0) {
+                    return args.empty() || own_mirror(i, args).ok();
+                } else {
+                    (void)i;
+                    return true;
+                }
+            });
     }
 
     SlotChoice pick_slot(std::span<const TensorArg> args) noexcept {
+        if (slots_.empty()) return broken_;
         if constexpr (pack_limit > 0) {
             if (std::optional<SlotChoice> framed = framed_slot(args)) return *framed;
         }
-        const std::optional<std::size_t> free = free_slot();
+        const std::optional<std::size_t> free = free_slot(args);
         if (!free) return busy("bind");
         return *free;
     }
 
     SlotChoice chosen_slot(std::size_t index, std::span<const TensorArg> args) noexcept {
+        if (slots_.empty()) return broken_;
         if (index >= slots_.size()) return out_of_range("bind_slot", index);
         if constexpr (pack_limit > 0) {
             if (std::optional<SlotChoice> framed = framed_slot(args)) {
@@ -754,7 +928,8 @@ private:
             }
         }
         const Slot& slot = slots_[index];
-        if (slot.live || slot.framed) return detail::slot_busy(index, slot.live, backend_->name());
+        if (slot.live || slot.framed || slot.held)
+            return detail::slot_busy(index, slot.live, slot.framed, backend_->name());
         return index;
     }
 
@@ -825,6 +1000,7 @@ private:
     ErrorSink sink_;
     std::optional<Stream> own_stream_;
     std::uint64_t ticks_ = 0;
+    Status broken_;  // why the stager has no slot
 };
 
 }  // namespace devstage

@@ -28,19 +28,22 @@ struct StagerStats {
     std::uint64_t high_water_bytes = 0;      ///< largest plan's required bytes
     std::uint64_t bytes_to_device = 0;
     std::uint64_t bytes_from_device = 0;
-    std::uint64_t uploads = 0;             ///< copy calls to the device (a packed upload counts once)
-    std::uint64_t copy_backs = 0;          ///< copy calls from the device (a packed copy-back counts once)
-    std::uint64_t async_uploads = 0;       ///< uploads enqueued on a stream (not an immediate one)
-    std::uint64_t async_copy_backs = 0;    ///< copy-backs enqueued on a stream (not an immediate one)
-    std::uint64_t packed_args = 0;         ///< staged args moved inside a packed copy
-    std::uint64_t mirror_copy_bytes = 0;   ///< bytes the host copied into or out of the packed mirror
-    std::uint64_t host_waits = 0;          ///< times the host blocked on a device event (ring waits aside)
-    std::uint64_t ring_uploads = 0;        ///< args uploaded through the pageable ring
-    std::uint64_t ring_copy_backs = 0;     ///< args copied back through the pageable ring
-    std::uint64_t ring_chunks = 0;         ///< chunk copies the ring made
-    std::uint64_t ring_waits = 0;          ///< times the host waited for a ring chunk to be free or to arrive
-    std::uint64_t ring_bytes = 0;          ///< pinned host memory the ring holds now
-    std::uint64_t uploads_skipped = 0;     ///< staged Out args (nothing to upload)
+    std::uint64_t uploads = 0;            ///< copy calls to the device (a packed upload counts once)
+    std::uint64_t copy_backs = 0;         ///< copy calls from the device (a packed copy-back counts once)
+    std::uint64_t async_uploads = 0;      ///< uploads enqueued on a stream (not an immediate one)
+    std::uint64_t async_copy_backs = 0;   ///< copy-backs enqueued on a stream (not an immediate one)
+    std::uint64_t packed_args = 0;        ///< staged args moved inside a packed copy
+    std::uint64_t mirror_copy_bytes = 0;  ///< bytes the host copied into or out of the packed mirror
+    std::uint64_t host_waits = 0;         ///< times the host blocked on a device event (ring waits aside)
+    std::uint64_t hazard_stream_waits =
+        0;                              ///< binds ordered after a run in flight on another stream (shared host memory)
+    std::uint64_t hazard_settles = 0;   ///< runs in flight settled on the host first (shared host memory, host copy)
+    std::uint64_t ring_uploads = 0;     ///< args uploaded through the pageable ring
+    std::uint64_t ring_copy_backs = 0;  ///< args copied back through the pageable ring
+    std::uint64_t ring_chunks = 0;      ///< chunk copies the ring made
+    std::uint64_t ring_waits = 0;       ///< times the host waited for a ring chunk to be free or to arrive
+    std::uint64_t ring_bytes = 0;       ///< pinned host memory the ring holds now
+    std::uint64_t uploads_skipped = 0;  ///< staged Out args (nothing to upload)
     std::uint64_t copy_backs_skipped = 0;  ///< staged In args, and every staged arg of a failed execution
 };
 

@@ -20,8 +20,9 @@ inline std::string on_backend(std::string_view message, std::string_view backend
 
 [[gnu::cold]] inline Status all_slots_busy(const char* what, std::size_t slots, std::string_view backend) noexcept {
     return Status(Errc::busy, message("stager ", what, ": all ", slots,
-                                      " pipeline slot(s) hold a live run or an unbound frame on backend '", backend,
-                                      "'; finish or bind one first"));
+                                      " pipeline slot(s) hold a live run, an unbound frame or a frame whose run's "
+                                      "Completion is still held on backend '",
+                                      backend, "'; finish or bind one, or destroy or detach a frame's Completion"));
 }
 
 [[gnu::cold]] inline Status slots_in_use(const char* what, std::size_t live, std::size_t framed,
@@ -37,10 +38,24 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                                                   " pipeline slot(s)) on backend '", backend, "'"));
 }
 
-[[gnu::cold]] inline Status slot_busy(std::size_t slot, bool live, std::string_view backend) noexcept {
-    return Status(Errc::busy, on_backend(message("stager bind_slot: slot ", slot, " holds ",
-                                                 live ? "a live run" : "an unbound frame"),
-                                         backend));
+[[gnu::cold]] inline Status slot_busy(std::size_t slot, bool live, bool framed, std::string_view backend) noexcept {
+    return Status(Errc::busy,
+                  on_backend(message("stager bind_slot: slot ", slot, " holds ",
+                                     live     ? "a live run"
+                                     : framed ? "an unbound frame"
+                                              : "a frame whose run's Completion is still held (destroy or detach it)"),
+                             backend));
+}
+
+[[gnu::cold]] inline Status arg_in_own_mirror(std::size_t index, const TensorArg& arg, std::size_t slot,
+                                              std::string_view backend) noexcept {
+    return Status(Errc::busy,
+                  on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
+                                     static_cast<const void*>(arg.data),
+                                     ") points into this stager's frame mirror, of slot ", slot,
+                                     ", which a packed bind on that slot rewrites (or grows); bind it on another "
+                                     "slot, or copy it out first"),
+                             backend));
 }
 
 [[gnu::cold]] inline Status run_not_ours(bool dead, std::string_view backend) noexcept {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "devstage/detail/message.hpp"
+#include "devstage/detail/run_order.hpp"
 #include "devstage/detail/slot_fence.hpp"
 #include "devstage/detail/stager_messages.hpp"
 #include "devstage/frame.hpp"
@@ -83,6 +84,29 @@ Status grow_storage(std::vector<T>& storage, std::size_t count) noexcept {
 }
 
 template <class Strategy, class Async>
+struct StagerSlot;
+
+/// Fills `slots` with `count` slots, each with its own copy of `strategy`; false when host
+/// memory is short (nothing is kept then).
+template <class Slot, class Strategy>
+bool make_slots(std::vector<Slot>& slots, std::size_t count, Strategy strategy) noexcept {
+#if defined(__cpp_exceptions)
+    try {
+#endif
+        slots.reserve(count);
+        for (std::size_t i = 1; i < count; ++i) slots.emplace_back(Strategy(strategy));
+        slots.emplace_back(std::move(strategy));
+        for (Slot& slot : slots) slot.settle_after.assign(count, 0);
+        return true;
+#if defined(__cpp_exceptions)
+    } catch (...) {
+        slots.clear();
+        return false;
+    }
+#endif
+}
+
+template <class Strategy, class Async>
 struct StagerSlot {
     using Stream = typename Async::Stream;
     static constexpr std::size_t all_packed_limit = std::numeric_limits<std::size_t>::max();
@@ -111,7 +135,17 @@ struct StagerSlot {
     StagingLayout frame_layout;
     std::size_t frame_count = 0;
     std::uint64_t frame_generation = 0;
-    bool framed = false;        // a frame is handed out and not yet bound
+    bool framed = false;  // a frame is handed out and not yet bound
+    bool held = false;    // a frame's run whose Completion the engine still holds
+    std::uint64_t held_generation = 0;
+    bool uploads_pending = false;  // the live run's uploads were enqueued and not drained
+    HostBox box;                   // of the bound (or last finished) run's host memory
+    bool box_valid = false;
+    HostBox carried;  // of earlier runs on this slot still pending under the fence
+    // Settle order: before this slot's run is settled, slot i is settled through generation
+    // settle_after[i] (0: no need). Sized to the slot count at construction.
+    std::vector<std::uint64_t> settle_after;
+    bool has_settle_after = false;
     void* last_base = nullptr;  // for address_changes
     bool had_base = false;
 
@@ -198,9 +232,20 @@ struct StagerSlot {
         return {frame_args.data(), count};
     }
 
+    /// The host box of the slot's bound (or last finished) run.
+    const HostBox& host_box() noexcept {
+        if (!box_valid) {
+            box = box_of(std::span<const TensorLease>(lease_storage.data(), lease_count));
+            box_valid = true;
+        }
+        return box;
+    }
+
     /// Gives back the per-arg host bookkeeping (not the frame storage: frames point there).
     void drop_bookkeeping() noexcept {
         lease_count = staged = 0;
+        box_valid = false;
+        carried = {};
         std::vector<TensorLease>().swap(lease_storage);
         std::vector<TensorArg>().swap(device_args);
         std::vector<void*>().swap(deferred);
@@ -238,32 +283,6 @@ std::optional<Result<std::size_t>> find_frame(std::span<const Slot> slots, std::
             if (args[i].bytes > 0 &&
                 inside(args[i].data, mirror_of(slot.strategy), mirror_capacity_of(slot.strategy))) {
                 return Result<std::size_t>(frame_copy(i, args[i], index, backend));
-            }
-        }
-    }
-    return std::nullopt;
-}
-
-/// The first arg of a new bind that overlaps host memory a live run of another slot will still
-/// copy back: its index, the lease and the slot; nothing when there is none.
-struct Overlap {
-    std::size_t arg;
-    const TensorLease* lease;
-    std::size_t slot;
-};
-template <class Slot>
-std::optional<Overlap> find_overlap(std::span<Slot> slots, std::size_t index,
-                                    std::span<const TensorArg> args) noexcept {
-    for (std::size_t other = 0; other < slots.size(); ++other) {
-        if (other == index || !slots[other].live) continue;
-        for (const TensorLease& lease : slots[other].leases()) {
-            if (!lease.copy_back) continue;
-            const auto* begin = static_cast<const std::byte*>(lease.host);
-            for (std::size_t i = 0; i < args.size(); ++i) {
-                const TensorArg& arg = args[i];
-                if (arg.placement != Placement::Host || arg.bytes == 0) continue;
-                const auto* at = static_cast<const std::byte*>(arg.data);
-                if (at < begin + lease.bytes && begin < at + arg.bytes) return Overlap{i, &lease, other};
             }
         }
     }

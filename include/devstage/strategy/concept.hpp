@@ -28,6 +28,8 @@ namespace devstage {
 struct Requirement {
     std::size_t device_bytes = 0;
     std::size_t mirror_bytes = 0;
+    /// A grow that fails keeps what the slot held (no free-first retry): Stager::reserve.
+    bool keep = false;
 };
 
 /// Device memory a strategy gives back goes through here: freed at once when no stream work

@@ -7,6 +7,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "devstage/backend.hpp"
@@ -46,48 +47,54 @@ class PinnedMirror {
 public:
     PinnedMirror() noexcept = default;
     PinnedMirror(PinnedMirror&& other) noexcept
-        : data_(std::exchange(other.data_, nullptr)), capacity_(std::exchange(other.capacity_, 0)) {}
+        : allocation_(std::exchange(other.allocation_, nullptr)),
+          data_(std::exchange(other.data_, nullptr)),
+          capacity_(std::exchange(other.capacity_, 0)),
+          allocated_(std::exchange(other.allocated_, 0)) {}
     PinnedMirror(const PinnedMirror&) = delete;
     PinnedMirror& operator=(const PinnedMirror&) = delete;
     PinnedMirror& operator=(PinnedMirror&&) = delete;
     ~PinnedMirror() = default;  // the owner releases or abandons first
 
-    /// Makes the mirror hold at least `required` bytes, taking `target` (>= required) when it
-    /// grows, `required` if `target` cannot be had. Precondition: no pending work reads or
-    /// writes the mirror (the Stager waits for a packed slot before it binds it again).
+    /// Makes the mirror hold at least `required` bytes from a base aligned to `alignment` (as
+    /// the device slices are), taking `target` (>= required) when it grows, `required` if
+    /// `target` cannot be had. The exact size is asked for first and over-allocated only when
+    /// the pointer comes back misaligned. `keep`: the old mirror is freed only once the new one
+    /// exists, so a failure keeps it. Precondition: no pending work reads or writes the mirror
+    /// (the Stager waits for a packed slot before it binds it again).
     template <Backend B>
-    Status ensure(B& backend, std::size_t target, std::size_t required, StagerStats& stats) noexcept {
+    Status ensure(B& backend, std::size_t target, std::size_t required, std::size_t alignment, StagerStats& stats,
+                  bool keep = false) noexcept {
         static_assert(PinnedHostBackend<B>,
                       "PackSmall needs a PinnedHostBackend: the packed mirror is page-locked host memory "
                       "(pinned_malloc/pinned_free), which is what lets one copy each way move a run's small args");
         if (required <= capacity_) return {};
-        if (Status freed = release(backend, stats); !freed) return freed;
-        Result<void*> grown = backend.pinned_malloc(target);
+        if (!keep) {
+            if (Status freed = release(backend, stats); !freed) return freed;
+        }
+        Status cause;
+        bool grown = allocate(backend, target, alignment, stats, cause);
         if (!grown && target > required) {
             target = required;
-            grown = backend.pinned_malloc(target);
+            grown = allocate(backend, target, alignment, stats, cause);
         }
         if (!grown) {
-            const Status& cause = grown.status();
             return Status(cause.code(), message("packed mirror grow failed: required ", required,
                                                 " bytes of pinned host memory from backend '", backend.name(),
                                                 "': ", cause.message()));
         }
-        data_ = static_cast<std::byte*>(*grown);
-        capacity_ = target;
-        stats.mirror_bytes += target;
         return {};
     }
 
     /// Gives the mirror back to the backend; it is empty afterwards even if the free failed.
     template <Backend B>
     Status release(B& backend, StagerStats& stats) noexcept {
-        if (data_ == nullptr) return {};
+        if (allocation_ == nullptr) return {};
         Status status;
-        if constexpr (PinnedHostBackend<B>) status = backend.pinned_free(data_);
-        stats.mirror_bytes -= capacity_;
-        data_ = nullptr;
-        capacity_ = 0;
+        if constexpr (PinnedHostBackend<B>) status = backend.pinned_free(allocation_);
+        stats.mirror_bytes -= allocated_;
+        allocation_ = data_ = nullptr;
+        capacity_ = allocated_ = 0;
         if (!status) {
             return Status(status.code(),
                           message("packed mirror free failed on backend '", backend.name(), "': ", status.message()));
@@ -96,17 +103,45 @@ public:
     }
 
     void abandon(StagerStats& stats) noexcept {
-        stats.mirror_bytes -= capacity_;
-        data_ = nullptr;
-        capacity_ = 0;
+        stats.mirror_bytes -= allocated_;
+        allocation_ = data_ = nullptr;
+        capacity_ = allocated_ = 0;
     }
 
     std::byte* data() const noexcept { return data_; }
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-    std::byte* data_ = nullptr;
+    // Takes `bytes` from an `alignment`-aligned base: exactly first, with slack when misaligned.
+    // On success a mirror still held (grown with keep) is freed and replaced.
+    template <Backend B>
+    bool allocate(B& backend, std::size_t bytes, std::size_t alignment, StagerStats& stats, Status& cause) noexcept {
+        Result<void*> got = backend.pinned_malloc(bytes);
+        std::size_t allocated = bytes;
+        if (got && reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
+            if constexpr (PinnedHostBackend<B>) (void)backend.pinned_free(*got);
+            allocated = bytes + alignment - 1;
+            got = allocated < bytes ? Result<void*>(Status(Errc::invalid_argument, "mirror size overflows"))
+                                    : backend.pinned_malloc(allocated);
+        }
+        if (!got) {
+            cause = got.status();
+            return false;
+        }
+        if (allocation_ != nullptr) (void)release(backend, stats);  // the new mirror stands either way
+        allocation_ = *got;
+        const auto at = reinterpret_cast<std::uintptr_t>(allocation_);
+        data_ = static_cast<std::byte*>(allocation_) + ((alignment - at % alignment) % alignment);
+        capacity_ = bytes;
+        allocated_ = allocated;
+        stats.mirror_bytes += allocated;
+        return true;
+    }
+
+    void* allocation_ = nullptr;  // what pinned_free gets
+    std::byte* data_ = nullptr;   // aligned
     std::size_t capacity_ = 0;
+    std::size_t allocated_ = 0;
 };
 
 }  // namespace detail

@@ -85,13 +85,14 @@ public:
     template <Backend B>
     Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
         if (need.device_bytes > capacity_) {
-            if (Status grown = grow(backend, need.device_bytes, stats, queue); !grown) return grown;
+            if (Status grown = grow(backend, need.device_bytes, stats, queue, need.keep); !grown) return grown;
         }
         if constexpr (packs) {
             if (need.mirror_bytes > mirror_.capacity()) {
                 Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
                 const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
-                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, stats); !mirrored) {
+                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, Alignment, stats, need.keep);
+                    !mirrored) {
                     ++stats.grow_failures;
                     return mirrored;
                 }
@@ -194,7 +195,7 @@ public:
 
 private:
     template <Backend B>
-    Status grow(B& backend, std::size_t required, StagerStats& stats, FreeQueue<B>& queue) noexcept {
+    Status grow(B& backend, std::size_t required, StagerStats& stats, FreeQueue<B>& queue, bool keep) noexcept {
         Result<std::size_t> target = growth_.next_capacity(capacity_, required);
         if (!target) {
             ++stats.grow_failures;
@@ -210,11 +211,11 @@ private:
         const bool had = slot_.allocation != nullptr;
         Result<detail::AlignedAllocation> grown = Status(Errc::out_of_memory, "retained buffer grow: not attempted");
         std::size_t size = *target;
-        if (order_ == GrowOrder::allocate_first || !had) {
+        if (order_ == GrowOrder::allocate_first || !had || keep) {
             grown = allocate(backend, *target, required, stats, size);
             if (grown && had) ++stats.grows_allocate_first;
         }
-        if (!grown && had) {
+        if (!grown && had && !keep) {
             // Memory is short (or free_first asked): free the old buffer first, then retry.
             if (Status settled = queue.settle(); !settled) queue.report(settled);
             if (Status freed = give_back(queue, stats); !freed) queue.report(freed);
