@@ -632,8 +632,11 @@ private:
         for (std::size_t other = 0; other < slots_.size(); ++other) {
             Slot& slot = slots_[other];
             if (other == index || !(slot.live || slot.fence.pending() || slot.unpack)) continue;
+            // Without host copies every conflict with a finished run is a stream wait: nothing
+            // to do on the stream its work is on.
+            if (pack_limit == 0 && !ring_ && !slot.live && slot.fence.stream() == stream) continue;
             if (!self.box_valid) {
-                self.box = detail::box_of(args);
+                self.box = bind_box(args);
                 self.box_valid = true;
             }
             detail::Conflict conflict;
@@ -724,9 +727,22 @@ private:
         }
     }
 
+    // The host box of the args being bound, computed once per bind call.
+    const detail::HostBox& bind_box(std::span<const TensorArg> args) noexcept {
+        if (!bind_box_ready_) {
+            bind_box_ = detail::box_of(args);
+            bind_box_ready_ = true;
+        }
+        return bind_box_;
+    }
+
     // A packed bind must not read args from the mirror it is about to rewrite (or grow).
-    Status own_mirror(std::size_t index, std::span<const TensorArg> args) const noexcept {
+    Status own_mirror(std::size_t index, std::span<const TensorArg> args) noexcept {
         const Slot& slot = slots_[index];
+        const auto mirror = reinterpret_cast<std::uintptr_t>(detail::mirror_of(slot.strategy));
+        if (!bind_box(args).meets(detail::HostBox{mirror, mirror + detail::mirror_capacity_of(slot.strategy)})) {
+            return {};
+        }
         for (std::size_t i = 0; i < args.size(); ++i) {
             if (args[i].bytes > 0 && args[i].placement == Placement::Host &&
                 detail::inside(args[i].data, detail::mirror_of(slot.strategy),
@@ -908,6 +924,7 @@ private:
     }
 
     SlotChoice pick_slot(std::span<const TensorArg> args) noexcept {
+        bind_box_ready_ = false;
         if (slots_.empty()) return broken_;
         if constexpr (pack_limit > 0) {
             if (std::optional<SlotChoice> framed = framed_slot(args)) return *framed;
@@ -918,6 +935,7 @@ private:
     }
 
     SlotChoice chosen_slot(std::size_t index, std::span<const TensorArg> args) noexcept {
+        bind_box_ready_ = false;
         if (slots_.empty()) return broken_;
         if (index >= slots_.size()) return out_of_range("bind_slot", index);
         if constexpr (pack_limit > 0) {
@@ -934,6 +952,7 @@ private:
     }
 
     SlotChoice frame_slot(const HostFrame& frame) noexcept {
+        bind_box_ready_ = false;
         if (frame.owner_ != static_cast<const void*>(this)) {
             return Status(Errc::invalid_argument, with_backend("stager bind: the frame belongs to another stager"));
         }
@@ -1001,6 +1020,8 @@ private:
     std::optional<Stream> own_stream_;
     std::uint64_t ticks_ = 0;
     Status broken_;  // why the stager has no slot
+    detail::HostBox bind_box_;
+    bool bind_box_ready_ = false;
 };
 
 }  // namespace devstage

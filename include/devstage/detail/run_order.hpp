@@ -89,11 +89,14 @@ struct HostBox {
 
 /// The host box of a new run's args (host-placed args with bytes only).
 inline HostBox box_of(std::span<const TensorArg> args) noexcept {
-    HostBox box;
+    std::uintptr_t begin = std::numeric_limits<std::uintptr_t>::max(), end = 0;
     for (const TensorArg& arg : args) {
-        if (arg.placement == Placement::Host && arg.bytes > 0) box.add(arg.data, arg.bytes);
+        const auto at = reinterpret_cast<std::uintptr_t>(arg.data);
+        const bool host = (arg.placement == Placement::Host) & (arg.bytes != 0);
+        begin = host && at < begin ? at : begin;
+        end = host && at + arg.bytes > end ? at + arg.bytes : end;
     }
-    return box;
+    return HostBox{begin, end};
 }
 
 /// The host box of a run's leases (staged ones only: the others have no host memory).
