@@ -23,12 +23,14 @@ struct TensorShape {
     Direction direction = Direction::InOut;
 };
 
-/// The mirror of one slot, laid out for a run. A view: valid until it is bound, or until its
-/// stager is released, abandoned or destroyed. `host(i)` is tensor i's bytes (aligned as the
-/// device slice); `args()` are TensorArgs pointing at them, for `Stager::bind`.
-/// `auto f = stager.frame(shapes); fill(f->host(0)); auto run = stager.bind(f->args());`
-/// Outputs (Out, InOut) are copied back into the frame: read them from `host(i)` once the run
-/// completed, before asking that slot for its next frame.
+/// The mirror of one slot, laid out for a run. A view: it belongs to the caller from frame()
+/// until the Completion of the run that bound it is destroyed or detached (a synchronous
+/// finish ends it when it returns), or until its stager is released, abandoned or destroyed;
+/// no frame() or bind() takes its slot before. `host(i)` is tensor i's bytes, aligned as the
+/// device slice (the strategy's Alignment); `args()` are TensorArgs pointing at them, for
+/// `Stager::bind`. `auto f = stager.frame(shapes); fill(f->host(0)); auto run = stager.bind(f->args());`
+/// Outputs (Out, InOut) are copied back into the frame: read them from `host(i)` once the run's
+/// Completion is ready, and pass them as inputs to a later bind while it is held.
 class HostFrame {
 public:
     /// Tensor i's bytes in the mirror; empty for a zero-byte tensor or an index out of range.

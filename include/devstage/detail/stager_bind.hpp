@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: how a Stager binds a run — the synchronous and stream-ordered entry, making a slot
+// ready on a stream, growing it, staging the args and handing the run out (or releasing what a
+// failed bind took) — and how finish enqueues the copy-backs and hands back a Completion.
+// Included at the end of devstage/stager.hpp; not for inclusion on its own.
+
+#include "devstage/stager.hpp"
+
+namespace devstage {
+
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::finish(StagedRun&& run, const Status& execution) noexcept {
+    if (Status valid = check_run(run); !valid) return valid;
+    Result<Stream> stream = synchronous_stream();
+    if (!stream) {  // the run ends, without copy-backs
+        const std::size_t index = run.slot_;
+        if (Status ended = end_live_run(slots_[index]); !ended) sink_(ended);
+        settle(index);
+        return stream.status();
+    }
+    Result<Completion> done = finish(std::move(run), *stream, execution);
+    if (!done) return done.status();
+    return done->wait();
+}
+
+// The stream of synchronous calls: the immediate one, or the stager's own, made at first use.
+template <Backend B, class Strategy>
+auto Stager<B, Strategy>::synchronous_stream() noexcept -> Result<Stream> {
+    if constexpr (immediate) {
+        return Stream{};
+    } else {
+        if (!own_stream_) {
+            Result<Stream> created = async().create_stream();
+            if (!created) {
+                return Status(
+                    created.status().code(),
+                    with_backend(detail::message("stager: creating its stream failed: ", created.status().message())));
+            }
+            own_stream_ = *created;
+        }
+        return *own_stream_;
+    }
+}
+
+// A synchronous bind: the slot (or why none) first, then the stager's own stream.
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bind_synchronously(SlotChoice choice, std::span<const TensorArg> args) noexcept {
+    if (!choice) return choice.status();
+    Result<Stream> stream = synchronous_stream();
+    if (!stream) return stream.status();
+    return bind_and_drain(std::move(choice), args, *stream);
+}
+
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bind_and_drain(SlotChoice choice, std::span<const TensorArg> args,
+                                                      Stream stream) noexcept {
+    Result<StagedRun> run = bind_on(std::move(choice), args, stream);
+    if (!run || immediate) return run;
+    Slot& slot = slots_[run->slot_];
+    slot.uploads_pending = false;
+    if (Status drained = slot.fence.drain(async(), stream, stats_); !drained) {
+        run = Status(drained.code(),
+                     with_backend(detail::message("stager bind: the uploads failed: ", drained.message())));
+    }
+    return run;
+}
+
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<const TensorArg> args,
+                                               Stream stream) noexcept {
+    if (!choice) return choice.status();
+    const std::size_t index = *choice;
+    Slot& slot = slots_[index];
+    const bool frame = slot.framed && args.data() == slot.frame_args.data();
+    if (Status ready = make_ready(index, stream, frame || pack_limit > 0); !ready) return ready;
+    if (Status sized = slot.size_for(args.size()); !sized) return sized;
+    if (slots_.size() > 1) carry(slot);
+
+    if constexpr (fused) {
+        // Plan, slice and lease in one pass against the buffer held; a plan that outgrows it
+        // grows the buffer and is sliced again (only then). Uploads follow in one loop.
+        Result<std::size_t> required = moves().slice(slot, args);
+        if (!required) return Status(required.status().code(), with_backend(required.status().message()));
+        slot.layout = StagingLayout{};
+        slot.layout.required_bytes = *required;
+        if (Status ordered = order_after_in_flight(index, args, stream, false); !ordered) return ordered;
+        if (*required > slot.strategy.capacity()) {
+            if (Status grown = grow(index, slot.layout); !grown) return grown;
+            (void)moves().slice(slot, args);
+        }
+        bool enqueued = false;
+        if (Status uploaded = moves().upload(slot, stream, enqueued); !uploaded) {
+            return failed_bind(slot, stream, enqueued, uploaded);
+        }
+        return bound(index, args.size(), stream, enqueued);
+    }
+    if (frame) {
+        slot.layout = slot.frame_layout;
+    } else {
+        detail::PlanPass pass;
+        Status planned = pass.run<(pack_limit > 0)>(args, Strategy::alignment, pack_limit,
+                                                    [](std::size_t, const TensorArg&, PackGroup, std::size_t) {});
+        Result<StagingLayout> layout = planned.ok() ? pass.finish() : Result<StagingLayout>(planned);
+        if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
+        slot.layout = *layout;
+        if constexpr (pack_limit > 0) {
+            if (Status own = own_mirror(index, args); !own) return own;
+        }
+    }
+    if (Status ordered = order_after_in_flight(index, args, stream, frame); !ordered) return ordered;
+    if (Status grown = grow(index, slot.layout); !grown) return grown;
+
+    slot.all_packed = frame;
+    bool enqueued = false;
+    Status staged;
+    if constexpr (pack_limit > 0) {
+        staged = frame ? moves().template stage<true>(slot, args, stream, enqueued)
+                       : moves().template stage<false>(slot, args, stream, enqueued);
+    } else {
+        staged = moves().template stage<false>(slot, args, stream, enqueued);
+    }
+    if (!staged) return failed_bind(slot, stream, enqueued, staged);
+    if (frame) slot.framed = false;
+    return bound(index, args.size(), stream, enqueued);
+}
+
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t count, Stream stream,
+                                             bool enqueued) noexcept {
+    Slot& slot = slots_[index];
+    slot.live = true;
+    slot.uploads_pending = enqueued && !immediate;
+    slot.bind_stream = stream;
+    slot.bound_at = ++ticks_;
+    ++stats_.runs;
+    stats_.high_water_bytes = std::max<std::uint64_t>(stats_.high_water_bytes, slot.layout.required_bytes);
+    return StagedRun(this, index, {slot.device_args.data(), count}, slot.leases());
+}
+
+// Releases what a failed bind took, once what it already enqueued completed: the bind
+// returns with nothing held.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::failed_bind(Slot& slot, Stream stream, bool enqueued, Status failure) noexcept {
+    if (enqueued) {
+        (void)slot.fence.record(async(), stream);
+        slot.uses_mirror = slot.uses_mirror || slot.layout.upload_end > 0;
+    }
+    if (Status released = release_leases(slot); !released) sink_(released);
+    if (enqueued) settle(static_cast<std::size_t>(&slot - slots_.data()));
+    return failure;
+}
+
+// Before a slot is used on `stream`: settle what completed; order `stream` after the
+// slot's pending work, or wait on the host when the host is about to write the mirror.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::make_ready(std::size_t index, Stream stream, bool host_writes_mirror) noexcept {
+    Slot& slot = slots_[index];
+    if (Status prepared = slot.fence.prepare(async()); !prepared) {
+        return Status(prepared.code(), with_backend(detail::message("stager bind: creating the slot's events failed: ",
+                                                                    prepared.message())));
+    }
+    if (slot.fence.pending()) {
+        Result<bool> ready = slot.fence.poll(async());
+        if (!ready || (!*ready && host_writes_mirror && slot.uses_mirror)) {
+            if (Status settled = settle_fully(index, "bind"); !settled) return settled;
+        } else if (!*ready) {
+            return slot.fence.order_before(async(), stream);
+        }
+    }
+    if (slot.settled < slot.generation || !slot.deferred.empty()) settle_with(index, Status());
+    return {};
+}
+
+// Grows slot `index` to hold `layout`, giving replaced memory back in stream order.
+// `keep`: a failed grow keeps what the slot held (reserve).
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::grow(std::size_t index, const StagingLayout& layout, bool keep) noexcept {
+    Slot& slot = slots_[index];
+    const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0, keep};
+    if constexpr (retained) {
+        const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
+        if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};
+        // The host frees and rewrites the mirror as it grows: no pending work may use it.
+        if (slot.uses_mirror && need.mirror_bytes > mirror) {
+            if (Status settled = settle_fully(index, "grow"); !settled) return settled;
+        }
+    }
+    QueueContext context{this, index};
+    Status grown = with_queue(
+        slot, context, [&](FreeQueue<B>& queue) { return slot.strategy.prepare(*backend_, need, stats_, queue); });
+    slot.note_base(stats_);
+    return grown;
+}
+
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::settle_for_queue(void* context) noexcept {
+    auto* queue = static_cast<QueueContext*>(context);
+    return queue->stager->settle_fully(queue->index, "free");
+}
+
+template <Backend B, class Strategy>
+Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, const Status& execution) noexcept {
+    if (Status valid = check_run(run); !valid) return valid;
+    const std::size_t index = run.slot_;
+    Slot& slot = slots_[index];
+    Status first = slot.fence.join(async(), slot.bind_stream, stream);
+    // Without the join nothing is enqueued on `stream` but the caller's kernel, which may use
+    // the run's memory: the uploads are waited for on the host, and the memory is then kept
+    // until `stream`'s work completed (or, if the uploads cannot be waited for, until they do).
+    Stream fenced = stream;
+    if (!first.ok()) {
+        (void)slot.fence.record(async(), slot.bind_stream);
+        (void)slot.fence.wait(async(), stats_);
+        if (slot.fence.pending()) fenced = slot.bind_stream;
+    }
+    typename Moves::CopyBacks backs;
+    if (execution.ok() && first.ok()) backs = moves().copy_back(slot, stream, first);
+    stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
+    if constexpr (pack_limit > 0) {
+        if (backs.packed > 0) {
+            if (Status back = moves().packed_copy_back(slot, stream, backs); !back && first.ok()) first = back;
+        }
+    }
+    stats_.bytes_from_device += backs.bytes;
+    stats_.copy_backs += backs.calls;
+    if constexpr (!immediate) stats_.async_copy_backs += backs.calls;
+
+    if (Status recorded = slot.fence.record(async(), fenced); !recorded && first.ok()) first = recorded;
+    slot.uses_mirror = slot.uses_mirror || slot.unpack;
+    ++slot.generation;
+    // Watched before the leases go back: a release that waits for the slot settles this run.
+    Completion completion;
+    if (first.ok()) {
+        link(completion, index, slot.generation, slot.all_packed);  // a frame's run holds the frame
+        slot.held = slot.all_packed;
+        slot.held_generation = slot.generation;
+    }
+    Status released = release_leases(slot);
+    unlink_handle(slot);
+    if (!first.ok() || !released.ok()) {
+        settle(index);  // what was enqueued completes before the error is returned
+        if (!first.ok()) return first;
+        if (Status work = completion.wait(); !work) sink_(work);  // the run's own failure, too
+        return released;
+    }
+    return completion;
+}
+
+}  // namespace devstage

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private: the ordering rules of detail/run_order.hpp applied by a Stager — which slot a bind
+// or frame takes, and what a new run needs against the runs in flight whose host memory it
+// shares (a stream wait, a settle on the host first, a settle order, or a refusal).
+// Included at the end of devstage/stager.hpp; not for inclusion on its own.
+
+#include "devstage/stager.hpp"
+
+namespace devstage {
+
+// Before slot `index` runs `args` on `stream`: orders it after every run in flight whose
+// host memory it conflicts with — a stream wait, a settle on the host first, or a settle
+// order — or refuses it (busy) when a live run will still write that memory.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<const TensorArg> args, Stream stream,
+                                                  bool frame) noexcept {
+    Slot& self = slots_[index];
+    self.box_valid = false;
+    for (std::size_t other = 0; other < slots_.size(); ++other) {
+        Slot& slot = slots_[other];
+        if (other == index || !(slot.live || slot.fence.pending() || slot.unpack)) continue;
+        // Without host copies every conflict with a finished run is a stream wait: nothing
+        // to do on the stream its work is on.
+        if (pack_limit == 0 && !ring_ && !slot.live && slot.fence.stream() == stream) continue;
+        if (!self.box_valid) {
+            self.box = bind_box(args);
+            self.box_valid = true;
+        }
+        detail::Conflict conflict;
+        if (slot.host_box().meets(self.box)) {
+            conflict = detail::find_conflict(
+                args, slot.leases(), slot.live,
+                [&](const TensorArg& arg, detail::Touch& read, detail::Touch& write) {
+                    new_touch(arg, frame, read, write);
+                },
+                [&](const TensorLease& lease, detail::Touch& read, detail::Touch& write) {
+                    old_touch(slot, lease, read, write);
+                });
+        }
+        if (slot.fence.pending() && slot.carried.meets(self.box) && conflict.need < detail::Need::stream_wait) {
+            conflict.need = detail::Need::stream_wait;  // earlier runs of that slot: device order
+            for (const TensorArg& arg : args) {
+                detail::Touch read = detail::Touch::none, write = detail::Touch::none;
+                new_touch(arg, frame, read, write);
+                if (read == detail::Touch::host_now) conflict.need = detail::Need::settle_now;
+            }
+        }
+        if (conflict.need == detail::Need::none) continue;
+        if (Status ordered = order_after(index, other, conflict, args, stream); !ordered) return ordered;
+    }
+    return {};
+}
+
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::order_after(std::size_t index, std::size_t other, const detail::Conflict& conflict,
+                                        std::span<const TensorArg> args, Stream stream) noexcept {
+    using detail::Need;
+    Slot& slot = slots_[other];
+    if (conflict.need == Need::refuse) {
+        return detail::overlap_failure(conflict.arg, args[conflict.arg], other, *conflict.lease, backend_->name());
+    }
+    if (conflict.need == Need::after_uploads) {
+        if (!slot.uploads_pending || slot.bind_stream == stream) return {};
+        ++stats_.hazard_stream_waits;
+        return slot.fence.join(async(), slot.bind_stream, stream);
+    }
+    if (!slot.fence.pending() || conflict.need == Need::settle_now) {
+        if (slot.fence.pending()) ++stats_.hazard_settles;
+        return settle_fully(other, "bind");  // complete already, or settled on the host now
+    }
+    if (slot.fence.stream() != stream) ++stats_.hazard_stream_waits;
+    if (Status ordered = slot.fence.order_before(async(), stream); !ordered) return ordered;
+    if (conflict.need == Need::settle_after) {
+        slots_[index].settle_after[other] = slot.generation;
+        slots_[index].has_settle_after = true;
+    }
+    return {};
+}
+
+// How the new run touches an arg's host memory.
+template <Backend B, class Strategy>
+void Stager<B, Strategy>::new_touch(const TensorArg& arg, bool frame, detail::Touch& read,
+                                    detail::Touch& write) const noexcept {
+    using detail::Touch;
+    const bool packed = !frame && arg.bytes <= pack_limit;
+    const bool ringed = !frame && arg.bytes >= ring_threshold_;
+    if (uploads(arg.direction)) read = frame ? Touch::device : (packed || ringed) ? Touch::host_now : Touch::device;
+    if (copies_back(arg.direction)) write = packed ? Touch::host_deferred : Touch::device;
+}
+
+// How the run in flight (or live) on `slot` touches a lease's host memory.
+template <Backend B, class Strategy>
+void Stager<B, Strategy>::old_touch(const Slot& slot, const TensorLease& lease, detail::Touch& read,
+                                    detail::Touch& write) noexcept {
+    using detail::Touch;
+    const bool packed = slot.packed(lease);
+    const bool device_pending = slot.live ? slot.uploads_pending : slot.fence.pending();
+    if (lease.upload && (!packed || slot.all_packed) && device_pending) read = Touch::device;
+    if (lease.copy_back) {
+        if (slot.live || !packed || slot.all_packed) {
+            write = slot.live || slot.fence.pending() ? Touch::device : Touch::none;
+        } else if (slot.unpack) {
+            write = Touch::host_deferred;
+        }
+    }
+}
+
+// A slot rebound while its earlier work is pending keeps that work's host box.
+template <Backend B, class Strategy>
+void Stager<B, Strategy>::carry(Slot& slot) noexcept {
+    if (!slot.fence.pending()) {
+        slot.carried = {};
+    } else {
+        slot.carried.add(slot.host_box());
+    }
+    if (slot.has_settle_after) {
+        std::fill(slot.settle_after.begin(), slot.settle_after.end(), 0);
+        slot.has_settle_after = false;
+    }
+}
+
+// The host box of the args being bound, computed once per bind call.
+template <Backend B, class Strategy>
+const detail::HostBox& Stager<B, Strategy>::bind_box(std::span<const TensorArg> args) noexcept {
+    if (!bind_box_ready_) {
+        bind_box_ = detail::box_of(args);
+        bind_box_ready_ = true;
+    }
+    return bind_box_;
+}
+
+// A packed bind must not read args from the mirror it is about to rewrite (or grow).
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::own_mirror(std::size_t index, std::span<const TensorArg> args) noexcept {
+    const Slot& slot = slots_[index];
+    const auto mirror = reinterpret_cast<std::uintptr_t>(detail::mirror_of(slot.strategy));
+    if (!bind_box(args).meets(detail::HostBox{mirror, mirror + detail::mirror_capacity_of(slot.strategy)})) {
+        return {};
+    }
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (args[i].bytes > 0 && args[i].placement == Placement::Host &&
+            detail::inside(args[i].data, detail::mirror_of(slot.strategy), detail::mirror_capacity_of(slot.strategy))) {
+            return detail::arg_in_own_mirror(i, args[i], index, backend_->name());
+        }
+    }
+    return {};
+}
+
+// The slot a bind of `args` (a frame: none) takes; see detail::choose_slot. A packed
+// bind does not take a slot whose mirror holds one of its args.
+template <Backend B, class Strategy>
+std::optional<std::size_t> Stager<B, Strategy>::free_slot(std::span<const TensorArg> args) noexcept {
+    return detail::choose_slot(
+        slots_.size(),
+        [this](std::size_t i) {
+            const Slot& slot = slots_[i];
+            return detail::SlotView{slot.live || slot.framed || slot.held, slot.fence.pending(), slot.bound_at};
+        },
+        [this](std::size_t i) {
+            Result<bool> ready = slots_[i].fence.poll(async());
+            return ready && *ready;
+        },
+        [this, args](std::size_t i) {
+            if constexpr (pack_limit > 0) {
+                return args.empty() || own_mirror(i, args).ok();
+            } else {
+                (void)i;
+                return true;
+            }
+        });
+}
+
+template <Backend B, class Strategy>
+auto Stager<B, Strategy>::pick_slot(std::span<const TensorArg> args) noexcept -> SlotChoice {
+    bind_box_ready_ = false;
+    if (slots_.empty()) return broken_;
+    if constexpr (pack_limit > 0) {
+        if (std::optional<SlotChoice> framed = framed_slot(args)) return *framed;
+    }
+    const std::optional<std::size_t> free = free_slot(args);
+    if (!free) return busy("bind");
+    return *free;
+}
+
+template <Backend B, class Strategy>
+auto Stager<B, Strategy>::chosen_slot(std::size_t index, std::span<const TensorArg> args) noexcept -> SlotChoice {
+    bind_box_ready_ = false;
+    if (slots_.empty()) return broken_;
+    if (index >= slots_.size()) return out_of_range("bind_slot", index);
+    if constexpr (pack_limit > 0) {
+        if (std::optional<SlotChoice> framed = framed_slot(args)) {
+            if (*framed && **framed != index) return detail::frame_of_another_slot(**framed, index, backend_->name());
+            return *framed;
+        }
+    }
+    const Slot& slot = slots_[index];
+    if (slot.live || slot.framed || slot.held)
+        return detail::slot_busy(index, slot.live, slot.framed, backend_->name());
+    return index;
+}
+
+template <Backend B, class Strategy>
+auto Stager<B, Strategy>::frame_slot(const HostFrame& frame) noexcept -> SlotChoice {
+    bind_box_ready_ = false;
+    if (frame.owner_ != static_cast<const void*>(this)) {
+        return Status(Errc::invalid_argument, with_backend("stager bind: the frame belongs to another stager"));
+    }
+    const std::optional<SlotChoice> framed = framed_slot(frame.args());
+    if (framed && !*framed) return *framed;
+    if (!framed || **framed != frame.slot_ || slots_[frame.slot_].frame_generation != frame.generation_) {
+        return detail::stale_frame(frame.slot_, backend_->name());
+    }
+    return *framed;
+}
+
+// The slot whose frame `args` is, if it is one (see detail::find_frame).
+template <Backend B, class Strategy>
+auto Stager<B, Strategy>::framed_slot(std::span<const TensorArg> args) noexcept -> std::optional<SlotChoice> {
+    return detail::find_frame(std::span<const Slot>(slots_), args, backend_->name());
+}
+
+}  // namespace devstage
