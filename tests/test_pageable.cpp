@@ -217,7 +217,132 @@ TEST_CASE("host copy pool: copies every byte, whatever the size and the thread c
     }
 }
 
-TEST_CASE("host copy pool: concurrent callers take turns", "[host_copy][threads]") {
+namespace {
+// A destination with guard bytes on both sides. After each copy the test checks it, then
+// poisons it; it checks the poison is intact before the next copy into it, so a worker that
+// wrote after copy() returned, or outside the range, is caught (and, under TSan, races).
+class GuardedTarget {
+public:
+    static constexpr std::size_t guard = 64;
+    static constexpr std::byte guard_byte{0xA5};
+    static constexpr std::byte poison_byte{0xEE};
+
+    explicit GuardedTarget(std::size_t capacity)
+        : storage_(capacity + 2 * guard, guard_byte), poison_(capacity + 2 * guard, poison_byte) {
+        std::fill(poison_.begin(), poison_.begin() + guard, guard_byte);
+        std::fill(poison_.end() - guard, poison_.end(), guard_byte);
+        poison();
+    }
+    std::byte* data() noexcept { return storage_.data() + guard; }
+    // The copy of `bytes` from `src` is in place, and nothing around it changed.
+    bool holds(const std::byte* src, std::size_t bytes) const noexcept {
+        return std::memcmp(storage_.data() + guard, src, bytes) == 0 &&
+               std::memcmp(storage_.data(), poison_.data(), guard) == 0 &&
+               std::memcmp(storage_.data() + guard + bytes, poison_.data() + guard + bytes,
+                           storage_.size() - guard - bytes) == 0;
+    }
+    void poison() noexcept { std::memcpy(storage_.data(), poison_.data(), storage_.size()); }
+    // Poisons what holds() just checked: the first `bytes` after the front guard.
+    void poison(std::size_t bytes) noexcept { std::memset(data(), static_cast<int>(poison_byte), bytes); }
+    bool poisoned() const noexcept { return std::memcmp(storage_.data(), poison_.data(), storage_.size()) == 0; }
+
+private:
+    std::vector<std::byte> storage_, poison_;
+};
+
+struct CopyFailures {
+    int wrong = 0;    // a destination did not hold its source right after copy() returned
+    int touched = 0;  // a destination changed after its copy returned
+};
+
+// `copies` back-to-back copies of differing sizes, source offsets and destinations.
+CopyFailures copy_many(HostCopyPool& pool, const std::vector<std::byte>& source, std::size_t copies,
+                       std::uint32_t seed) {
+    constexpr std::size_t piece = HostCopyPool::min_piece;
+    const std::size_t sizes[] = {2 * piece, 1, 3 * piece + 1000, piece - 1, 2 * piece + 3, 9 * piece + 17, 5 * piece};
+    constexpr std::size_t max_size = 9 * piece + 17;
+    std::vector<GuardedTarget> targets;
+    for (int i = 0; i < 3; ++i) targets.emplace_back(max_size);
+    CopyFailures failures;
+    for (std::size_t i = 0; i < copies; ++i) {
+        const std::size_t bytes = sizes[(i + seed) % std::size(sizes)];
+        const std::byte* src = source.data() + (i * 7 + seed) % 64;
+        GuardedTarget& target = targets[i % targets.size()];
+        failures.touched += !target.poisoned();
+        pool.copy(target.data(), src, bytes);
+        failures.wrong += !target.holds(src, bytes);
+        target.poison(bytes);
+    }
+    for (const GuardedTarget& target : targets) failures.touched += !target.poisoned();
+    return failures;
+}
+}  // namespace
+
+TEST_CASE("host copy pool: back-to-back copies from one and several callers write exactly their destination",
+          "[host_copy][threads]") {
+    const auto source = test::pattern((std::size_t{9} * HostCopyPool::min_piece) + 17 + 64, 77);
+    for (const std::size_t threads : {1u, 2u, 3u, 8u}) {
+        for (const std::size_t callers : {1u, 3u}) {
+            CAPTURE(threads, callers);
+            HostCopyPool pool(threads);
+            REQUIRE(pool.threads() == threads);
+            std::vector<CopyFailures> failures(callers);
+            std::vector<std::thread> runners;
+            for (std::size_t c = 0; c < callers; ++c) {
+                runners.emplace_back(
+                    [&, c] { failures[c] = copy_many(pool, source, 28, static_cast<std::uint32_t>(c)); });
+            }
+            for (auto& runner : runners) runner.join();
+            for (const CopyFailures& failure : failures) {
+                CHECK(failure.wrong == 0);
+                CHECK(failure.touched == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("host copy pool: a worker that wakes late never touches a copy that returned", "[host_copy][threads]") {
+    // Copy N and, at once, copy N+1 of other buffers, thousands of times: two pieces each, so
+    // most of the 8 workers are woken for a copy that the caller and one worker already did.
+    // Right after each copy returns, one byte in every 64 KiB of its destination is checked
+    // and poisoned (cheap, so the next copy follows at once); after each round every
+    // destination must still hold its poison marks, every other byte of its copy, and its
+    // guard bytes untouched.
+    constexpr std::size_t bytes = 2 * HostCopyPool::min_piece;
+    constexpr std::size_t mark_every = std::size_t{64} << 10;
+    constexpr std::size_t targets = 4;
+    HostCopyPool pool(8);
+    REQUIRE(pool.threads() == 8);
+    std::vector<std::vector<std::byte>> sources;
+    std::vector<GuardedTarget> destinations;
+    for (std::size_t t = 0; t < targets; ++t) {
+        sources.push_back(test::pattern(bytes, static_cast<std::uint32_t>(t + 1)));
+        destinations.emplace_back(bytes);
+    }
+    std::vector<std::byte> expected(bytes);
+    int wrong = 0, damaged = 0;
+    for (int round = 0; round < 500; ++round) {
+        for (GuardedTarget& target : destinations) target.poison();
+        for (std::size_t t = 0; t < targets; ++t) {
+            std::byte* dst = destinations[t].data();
+            pool.copy(dst, sources[t].data(), bytes);
+            for (std::size_t at = 0; at < bytes; at += mark_every) {
+                wrong += dst[at] != sources[t][at];
+                dst[at] = GuardedTarget::poison_byte;
+            }
+        }
+        for (std::size_t t = 0; t < targets; ++t) {
+            expected = sources[t];
+            for (std::size_t at = 0; at < bytes; at += mark_every) expected[at] = GuardedTarget::poison_byte;
+            // A missing piece still holds poison; a late write overwrote the marks.
+            damaged += !destinations[t].holds(expected.data(), bytes);
+        }
+    }
+    CHECK(wrong == 0);
+    CHECK(damaged == 0);
+}
+
+TEST_CASE("host copy pool: concurrent callers share the workers", "[host_copy][threads]") {
     HostCopyPool pool(2);
     std::vector<std::thread> callers;
     std::vector<int> wrong(4, 0);

@@ -23,6 +23,7 @@ namespace devstage {
 /// is pageable (TensorArg::memory, else the backend's `is_pinned` query, else assumed) go
 /// through `chunks` pinned chunks of `chunk_bytes`; `threads` host threads (besides the caller;
 /// 0: the caller copies alone) fill and empty them, unless the engine supplies its own pool.
+/// A pool the engine supplies is only pointed to: it must outlive the stager (declare it first).
 struct PageableRing {
     std::size_t threshold = std::size_t{4} << 20;
     std::size_t chunk_bytes = std::size_t{16} << 20;
@@ -33,7 +34,9 @@ struct PageableRing {
 namespace detail {
 
 /// The ring of one Stager: pinned chunks and their events, created at first use.
-/// B: a PinnedHostBackend; A: its stream view (B, or SynchronousAdapter<B>).
+/// B: a PinnedHostBackend; A: its stream view (B, or SynchronousAdapter<B>). `pool`, when not
+/// null, is the engine's and is not owned: it must outlive the ring (and so the Stager);
+/// when null the ring starts and owns its own.
 template <class B, class A>
 class PinnedRing {
 public:
