@@ -4,6 +4,11 @@
 /// Error reporting for devstage: Errc, Status and Result<T>. Nothing in devstage throws;
 /// every fallible call returns one of these.
 
+// devstage needs C++20: say so in one line, before the errors an older standard causes further on.
+#if __cplusplus < 202002L
+#error "devstage needs C++20: compile with -std=c++20 or later (g++ 12, clang++ 14)"
+#endif
+
 #include <cstdint>
 #include <cstdio>
 #include <memory>
