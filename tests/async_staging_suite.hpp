@@ -132,7 +132,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: stream-ordered runs equal synchronous on
         REQUIRE(done.ok());
         REQUIRE(done->wait().ok());
         REQUIRE(kernel.status.ok());
-        CHECK(host.buffers == expected);
+        CHECK(devstage::test::same_bytes(host.buffers, expected));
         CHECK(stager.stats().async_uploads > 0);
     };
     check(RetainedBump<>{}, streams.one);
@@ -169,7 +169,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: a slot reused on its stream needs no hos
     for (int i = 0; i < steps; ++i) {
         CAPTURE(i);
         CHECK(kernels[i]->status.ok());
-        CHECK(hosts[i].buffers == expected[i]);
+        CHECK(devstage::test::same_bytes(hosts[i].buffers, expected[i]));
     }
     CHECK(stager.stats().regrows >= 1);
 }
@@ -215,8 +215,8 @@ TEMPLATE_LIST_TEST_CASE("async staging: a packed slot is waited for before its m
     CHECK(one_slot.stats().host_waits <= waits + 1);
     REQUIRE(first->wait().ok());
     REQUIRE(second->wait().ok());
-    CHECK(a.buffers == expected_a);
-    CHECK(b.buffers == expected_b);
+    CHECK(devstage::test::same_bytes(a.buffers, expected_a));
+    CHECK(devstage::test::same_bytes(b.buffers, expected_b));
 }
 
 TEMPLATE_LIST_TEST_CASE("async staging: frames bind on a stream with one upload", "[async][staging][frame]",
@@ -248,7 +248,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: frames bind on a stream with one upload"
         REQUIRE(done->wait().ok());
         for (std::size_t i = 0; i < frame->size(); ++i) {
             CAPTURE(step, i);
-            CHECK(std::equal(frame->host(i).begin(), frame->host(i).end(), expected[i].begin(), expected[i].end()));
+            CHECK(devstage::test::same_bytes(frame->host(i), expected[i]));
         }
     }
     CHECK(stager.stats().mirror_copy_bytes == 0);
@@ -270,7 +270,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: release, the destructor and a Completion
             Result<Completion> done = stream_run(stager, *backend, host, kernel, streams.one, streams.one);
             REQUIRE(done.ok());
         }
-        CHECK(host.buffers == expected);
+        CHECK(devstage::test::same_bytes(host.buffers, expected));
     }
     SECTION("release") {
         Stager<TestType, PerTensorMalloc<>> stager(*backend);
@@ -280,7 +280,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: release, the destructor and a Completion
         done->detach();
         REQUIRE(stager.release().ok());
         CHECK(stager.stats().device_frees == stager.stats().device_mallocs);
-        CHECK(host.buffers == expected);
+        CHECK(devstage::test::same_bytes(host.buffers, expected));
         CHECK(done->wait().ok());
     }
     SECTION("the stager's destructor, with a Completion still watching") {
@@ -293,7 +293,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: release, the destructor and a Completion
         }
         CHECK_FALSE(done->pending());
         CHECK(done->wait().ok());
-        CHECK(host.buffers == expected);
+        CHECK(devstage::test::same_bytes(host.buffers, expected));
     }
 }
 
@@ -322,5 +322,5 @@ TEMPLATE_LIST_TEST_CASE("async staging: abandon forgets pending work; watched Co
     Result<Completion> clean = stream_run(stager, *backend, again, next, streams.one, streams.one);
     REQUIRE(clean.ok());
     REQUIRE(clean->wait().ok());
-    CHECK(again.buffers == expected);
+    CHECK(devstage::test::same_bytes(again.buffers, expected));
 }

@@ -548,7 +548,7 @@ TEMPLATE_LIST_TEST_CASE("pinned streams: a recorded block is not handed out agai
         if (held) CHECK(pool.stats().pending_skips >= 1);
         gate.open();
         REQUIRE(backend->synchronize_event(after).ok());
-        CHECK(test::read_device(*backend, device.get(), bytes) == original);
+        CHECK(devstage::test::same_bytes(devstage::test::read_device(*backend, device.get(), bytes), original));
         const bool reused = std::any_of(taken.begin(), taken.end(),
                                         [block](const PinnedBuffer& buffer) { return buffer.data() == block; });
         if (!reused) {
@@ -649,7 +649,7 @@ TEMPLATE_LIST_TEST_CASE("pinned streams: trim, finalize and the destruction wait
         REQUIRE(backend->synchronize_event(done).ok());
         for (std::size_t k = 0; k < patterns.size(); ++k) {
             INFO("region " << k);
-            CHECK(test::read_device(*backend, region(k), bytes) == patterns[k]);
+            CHECK(devstage::test::same_bytes(devstage::test::read_device(*backend, region(k), bytes), patterns[k]));
         }
         CHECK(misuses(*backend) == 0);
         CHECK(live_pinned_blocks(*backend) == 0);
@@ -752,8 +752,10 @@ TEMPLATE_LIST_TEST_CASE("pinned streams: record takes buffers, raw pointers and 
 
         REQUIRE(backend->record_event(done, stream).ok());
         REQUIRE(backend->synchronize_event(done).ok());
-        CHECK(test::read_device(*backend, device.get(), 2000) == std::vector<std::byte>(2000, std::byte{0x21}));
-        CHECK(test::read_device(*backend, device.get() + 4096, 4096) == std::vector<std::byte>(4096, std::byte{0x42}));
+        CHECK(devstage::test::same_bytes(devstage::test::read_device(*backend, device.get(), 2000),
+                                         std::vector<std::byte>(2000, std::byte{0x21})));
+        CHECK(devstage::test::same_bytes(devstage::test::read_device(*backend, device.get() + 4096, 4096),
+                                         std::vector<std::byte>(4096, std::byte{0x42})));
         CHECK(misuses(*backend) == 0);
     }
     CHECK(backend->destroy_event(done).ok());
@@ -787,7 +789,8 @@ TEMPLATE_LIST_TEST_CASE("pinned streams: a block the pool would free waits, reti
         CHECK(pool.stats().pending_blocks == 0);
         CHECK(pool.stats().backend_frees == 2);
         CHECK(pool.stats().host_waits == 0);
-        CHECK(test::read_device(*backend, device.get(), 1000) == std::vector<std::byte>(1000, std::byte{0x5C}));
+        CHECK(devstage::test::same_bytes(devstage::test::read_device(*backend, device.get(), 1000),
+                                         std::vector<std::byte>(1000, std::byte{0x5C})));
         CHECK(misuses(*backend) == 0);
     }
     CHECK(backend->destroy_event(done).ok());

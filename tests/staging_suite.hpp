@@ -89,10 +89,12 @@ TEMPLATE_LIST_TEST_CASE("staging: copy-back follows the direction", "[staging]",
         REQUIRE(backend->copy_to_device(arg.data, ones.data(), ones.size()).ok());
     }
     REQUIRE(stager.finish(std::move(*run)).ok());
-    CHECK(host.buffers[0] == before[0]);  // In: never copied back
-    CHECK(host.buffers[1] == before[1]);
-    CHECK(host.buffers[3] == std::vector<std::byte>(host.buffers[3].size(), std::byte{1}));  // InOut
-    CHECK(host.buffers[4] == std::vector<std::byte>(host.buffers[4].size(), std::byte{1}));  // Out
+    CHECK(devstage::test::same_bytes(host.buffers[0], before[0]));  // In: never copied back
+    CHECK(devstage::test::same_bytes(host.buffers[1], before[1]));
+    CHECK(devstage::test::same_bytes(host.buffers[3],
+                                     std::vector<std::byte>(host.buffers[3].size(), std::byte{1})));  // InOut
+    CHECK(devstage::test::same_bytes(host.buffers[4],
+                                     std::vector<std::byte>(host.buffers[4].size(), std::byte{1})));  // Out
     const StagerStats& stats = stager.stats();
     CHECK(stats.bytes_to_device == 4096 + 1000 + 2048);
     CHECK(stats.bytes_from_device == 2048 + 513);
@@ -111,7 +113,7 @@ TEMPLATE_LIST_TEST_CASE("staging: a failed execution copies nothing back", "[sta
     REQUIRE(devstage::test::fake_kernel(*backend, run->device_args(), host.args).ok());
     const Status finished = stager.finish(std::move(*run), Status(Errc::backend_failure, "kernel failed"));
     CHECK(finished.ok());  // finish reports its own errors, not the execution's
-    CHECK(host.buffers == before);
+    CHECK(devstage::test::same_bytes(host.buffers, before));
     CHECK(stager.stats().copy_backs_skipped == 4);
     CHECK(stager.stats().device_frees == 4);
     CHECK(stager.stats().device_mallocs == 4);
@@ -148,7 +150,7 @@ TEMPLATE_LIST_TEST_CASE("staging: a run dropped without finish releases without 
         CHECK(moved.live());
         REQUIRE(devstage::test::fake_kernel(*backend, moved.device_args(), host.args).ok());
     }
-    CHECK(host.buffers == before);
+    CHECK(devstage::test::same_bytes(host.buffers, before));
     CHECK(stager.stats().device_frees == stager.stats().device_mallocs);
     CHECK(stager.live_runs() == 0);
     CHECK(run_once(stager, *backend, host).ok());
@@ -308,7 +310,7 @@ TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-ident
     b.relink();
     REQUIRE(run_once(retained, *backend, a).ok());
     REQUIRE(run_once(reference, *backend, b).ok());
-    CHECK(a.buffers == b.buffers);
+    CHECK(devstage::test::same_bytes(a.buffers, b.buffers));
 }
 
 TEMPLATE_LIST_TEST_CASE("staging: bad args are refused naming arg, bytes and backend; nothing is taken", "[staging]",

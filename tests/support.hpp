@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Shared test helpers: backend factories, byte patterns, device read-back.
+// Shared test helpers: backend factories, byte patterns, device read-back, byte comparison.
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "devstage/backend.hpp"
@@ -130,11 +131,71 @@ std::vector<std::byte> read_device(B& backend, const void* device, std::size_t b
 
 }  // namespace devstage::test
 
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
 #include <span>
+#include <string>
 
 #include "devstage/tensor.hpp"
 
 namespace devstage::test {
+
+/// The outcome of comparing bytes: `CHECK(same_bytes(actual, expected))`. Catch2 prints the
+/// sizes and the first differing index, never the bytes themselves (a CHECK on two
+/// `std::vector<std::byte>` would turn each into text, megabytes of it under `-s`).
+class BytesComparison {
+public:
+    BytesComparison(bool equal, std::string description) : equal_(equal), description_(std::move(description)) {}
+    explicit operator bool() const noexcept { return equal_; }
+    const std::string& description() const noexcept { return description_; }
+    friend std::ostream& operator<<(std::ostream& out, const BytesComparison& comparison) {
+        return out << comparison.description_;
+    }
+
+private:
+    bool equal_;
+    std::string description_;
+};
+
+namespace detail {
+inline std::string hex_byte(std::byte b) {
+    char text[5];
+    std::snprintf(text, sizeof text, "0x%02x", static_cast<unsigned>(b));
+    return text;
+}
+}  // namespace detail
+
+/// Equal when both hold the same bytes; otherwise says how the sizes and the first difference look.
+inline BytesComparison same_bytes(std::span<const std::byte> actual, std::span<const std::byte> expected) {
+    const auto [a, e] = std::mismatch(actual.begin(), actual.end(), expected.begin(), expected.end());
+    const std::string sizes = std::to_string(actual.size()) + " bytes, expected " + std::to_string(expected.size());
+    if (a == actual.end() && e == expected.end()) return {true, "the same " + std::to_string(actual.size()) + " bytes"};
+    const auto index = static_cast<std::size_t>(a - actual.begin());
+    std::string first = "first difference at index " + std::to_string(index) + ": ";
+    if (a == actual.end()) {
+        first += "actual ends, expected " + detail::hex_byte(*e);
+    } else if (e == expected.end()) {
+        first += detail::hex_byte(*a) + ", expected ends";
+    } else {
+        first += detail::hex_byte(*a) + ", expected " + detail::hex_byte(*e);
+    }
+    return {false, sizes + "; " + first};
+}
+
+/// The same for lists of buffers (HostRun::buffers): the first buffer that differs, and how.
+inline BytesComparison same_bytes(const std::vector<std::vector<std::byte>>& actual,
+                                  const std::vector<std::vector<std::byte>>& expected) {
+    if (actual.size() != expected.size()) {
+        return {false, std::to_string(actual.size()) + " buffers, expected " + std::to_string(expected.size())};
+    }
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+        if (BytesComparison buffer = same_bytes(actual[i], expected[i]); !buffer) {
+            return {false, "buffer " + std::to_string(i) + ": " + buffer.description()};
+        }
+    }
+    return {true, "the same " + std::to_string(actual.size()) + " buffers"};
+}
 
 /// Host tensors for one run: owned buffers plus the TensorArg list that points at them.
 struct HostRun {
