@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <range/v3/view/enumerate.hpp>
+
 #include "devstage/detail/message.hpp"
 #include "devstage/status.hpp"
 #include "devstage/tensor.hpp"
@@ -122,8 +124,7 @@ struct PlanPass {
     Status run(std::span<const TensorArg> args, std::size_t alignment, std::size_t pack_limit, Visit&& visit) noexcept {
         const std::size_t mask = alignment - 1;
         std::size_t direct = size[3];  // in a register: the only group without packing
-        for (std::size_t index = 0; index < args.size(); ++index) {
-            const TensorArg& arg = args[index];
+        for (const auto& [index, arg] : ranges::views::enumerate(args)) {
             const ArgCheck check = check_arg(arg);
             if (check != ArgCheck::staged) [[unlikely]] {
                 if (check == ArgCheck::skipped || check == ArgCheck::external) continue;
@@ -153,11 +154,11 @@ struct PlanPass {
     Result<StagingLayout> finish() const noexcept {
         StagingLayout layout;
         std::size_t end = 0;
-        for (std::size_t group = 0; group < 4; ++group) {
+        for (const auto& [group, bytes] : ranges::views::enumerate(size)) {  // in packed order
             layout.base[group] = end;
-            if (__builtin_add_overflow(end, size[group], &end)) {
+            if (__builtin_add_overflow(end, bytes, &end)) {
                 return Status(Errc::invalid_argument, message("staging plan: total size overflows (",
-                                                              layout.base[group], " + ", size[group], " bytes)"));
+                                                              layout.base[group], " + ", bytes, " bytes)"));
             }
         }
         layout.required_bytes = end;
