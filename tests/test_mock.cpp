@@ -391,6 +391,185 @@ TEST_CASE("mock: deferred, freeing or synchronously touching memory that pending
 }
 
 namespace {
+// "[begin, end)" as the mock's messages print a host range.
+std::string host_range(const std::byte* begin, std::size_t bytes) {
+    return devstage::detail::message("[", static_cast<const void*>(begin), ", ",
+                                     static_cast<const void*>(begin + bytes), ")");
+}
+// Two streams, two device buffers and host memory, deferred; everything released at the end.
+struct HazardFixture {
+    static constexpr std::size_t bytes = 1024;
+    MockBackend mock{deferred()};
+    std::byte* device = device_bytes(mock, bytes);
+    std::byte* other_device = device_bytes(mock, bytes);
+    Stream a = stream_of(mock);
+    Stream b = stream_of(mock);
+    std::vector<std::byte> host = std::vector<std::byte>(bytes);
+    std::vector<std::byte> host2 = std::vector<std::byte>(bytes);
+
+    ~HazardFixture() {
+        CHECK(mock.synchronize().ok());
+        for (const Stream stream : {a, b}) CHECK(mock.destroy_stream(stream).ok());
+        for (std::byte* pointer : {device, other_device}) CHECK(mock.device_free(pointer).ok());
+    }
+    std::string stream_text(Stream stream) const { return " on stream " + std::to_string(stream.id); }
+};
+}  // namespace
+
+TEST_CASE("mock: deferred, an enqueued copy in a host hazard with an unordered pending copy is a misuse",
+          "[mock][async]") {
+    HazardFixture f;
+    std::byte* const host = f.host.data();
+    SECTION("read after write: an upload of host memory a pending copy-back on another stream writes") {
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        const auto refused = f.mock.copy_to_device_async(f.other_device, host + 256, 512, f.b);
+        CHECK(refused.code() == Errc::busy);
+        CHECK_THAT(refused.message(),
+                   Catch::StartsWith("mock copy_to_device_async" + f.stream_text(f.b) + ": read after write on host " +
+                                     host_range(host + 256, 256)) &&
+                       Catch::Contains("it reads host " + host_range(host + 256, 512) + " (512 bytes)") &&
+                       Catch::Contains("pending copy_from_device_async of 512 bytes" + f.stream_text(f.a) + " (host " +
+                                       host_range(host, 512) + ") will still write") &&
+                       Catch::Contains("no stream wait orders it after that copy"));
+        CHECK(f.mock.misuse_report() == refused.message());
+        CHECK(f.mock.journal().back().result == Errc::busy);
+        CHECK(f.mock.pending_operations() == 1);  // the refused copy did nothing
+    }
+    SECTION("write after read: a copy-back into host memory a pending upload on another stream reads") {
+        REQUIRE(f.mock.copy_to_device_async(f.device, host, 512, f.a).ok());
+        const auto refused = f.mock.copy_from_device_async(host + 100, f.other_device, 10, f.b);
+        CHECK(refused.code() == Errc::busy);
+        CHECK_THAT(refused.message(),
+                   Catch::StartsWith("mock copy_from_device_async" + f.stream_text(f.b) +
+                                     ": write after read on host " + host_range(host + 100, 10)) &&
+                       Catch::Contains("pending copy_to_device_async of 512 bytes" + f.stream_text(f.a)) &&
+                       Catch::Contains("will still read"));
+    }
+    SECTION("write after write: two copy-backs on two streams into overlapping host memory") {
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        const auto refused = f.mock.copy_from_device_async(host + 511, f.other_device, 2, f.b);
+        CHECK(refused.code() == Errc::busy);
+        CHECK_THAT(refused.message(), Catch::Contains(": write after write on host " + host_range(host + 511, 1)));
+    }
+    SECTION("work enqueued on the waited stream after the recording is not ordered by the wait") {
+        const Event copied = event_of(f.mock);
+        REQUIRE(f.mock.copy_to_device_async(f.device, f.host2.data(), 8, f.a).ok());
+        REQUIRE(f.mock.record_event(copied, f.a).ok());
+        REQUIRE(f.mock.stream_wait_event(f.b, copied).ok());
+        REQUIRE(f.mock.copy_from_device_async(host + 600, f.device, 8, f.a).ok());
+        CHECK(f.mock.copy_from_device_async(host + 600, f.other_device, 8, f.b).code() == Errc::busy);
+        REQUIRE(f.mock.destroy_event(copied).ok());
+    }
+    SECTION("a wait for a recording made before the conflicting copy does not order after it") {
+        const Event early = event_of(f.mock);
+        REQUIRE(f.mock.copy_to_device_async(f.device, f.host2.data(), 8, f.a).ok());
+        REQUIRE(f.mock.record_event(early, f.a).ok());
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        REQUIRE(f.mock.stream_wait_event(f.b, early).ok());
+        CHECK(f.mock.copy_to_device_async(f.other_device, host, 1, f.b).code() == Errc::busy);
+        REQUIRE(f.mock.destroy_event(early).ok());
+    }
+    CHECK(f.mock.misuses() == 1);
+}
+
+TEST_CASE("mock: deferred, a synchronous copy touching host memory pending work still uses is a misuse",
+          "[mock][async]") {
+    HazardFixture f;
+    std::byte* const host = f.host.data();
+    std::byte* const host2 = f.host2.data();
+    REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());       // will write host[0, 512)
+    REQUIRE(f.mock.copy_to_device_async(f.device + 512, host2, 512, f.b).ok());  // will read host2[0, 512)
+
+    const auto read = f.mock.copy_to_device(f.other_device, host + 500, 20);
+    CHECK(read.code() == Errc::busy);
+    CHECK_THAT(read.message(),
+               Catch::StartsWith("mock copy_to_device: read after write on host " + host_range(host + 500, 12)) &&
+                   Catch::Contains("pending copy_from_device_async of 512 bytes" + f.stream_text(f.a)) &&
+                   Catch::Contains("it runs before that copy"));
+    const auto written = f.mock.copy_from_device(host + 10, f.other_device, 4);
+    CHECK(written.code() == Errc::busy);
+    CHECK_THAT(written.message(),
+               Catch::StartsWith("mock copy_from_device: write after write on host " + host_range(host + 10, 4)));
+    const auto overwritten = f.mock.copy_from_device(host2 + 511, f.other_device, 1);
+    CHECK(overwritten.code() == Errc::busy);
+    CHECK_THAT(overwritten.message(),
+               Catch::StartsWith("mock copy_from_device: write after read on host " + host_range(host2 + 511, 1)) &&
+                   Catch::Contains("pending copy_to_device_async of 512 bytes" + f.stream_text(f.b)));
+    CHECK(f.mock.misuses() == 3);
+    CHECK_THAT(f.mock.misuse_report(),
+               Catch::Contains(read.message() + "\n" + written.message() + "\n" + overwritten.message()));
+
+    // Not flagged: reading what a pending copy only reads, and memory next to the pending ranges.
+    CHECK(f.mock.copy_to_device(f.other_device, host2, 512).ok());
+    CHECK(f.mock.copy_to_device(f.other_device, host + 512, 512).ok());
+    CHECK(f.mock.copy_from_device(host2 + 512, f.other_device, 512).ok());
+    CHECK(f.mock.misuses() == 3);
+    // Once the work ran nothing is pending: the same copies are fine.
+    REQUIRE(f.mock.synchronize().ok());
+    CHECK(f.mock.copy_to_device(f.other_device, host + 500, 20).ok());
+    CHECK(f.mock.copy_from_device(host2 + 511, f.other_device, 1).ok());
+    CHECK(f.mock.misuses() == 3);
+}
+
+TEST_CASE("mock: deferred, copies ordered after the pending copy they conflict with are not hazards", "[mock][async]") {
+    HazardFixture f;
+    std::byte* const host = f.host.data();
+    const auto written = devstage::test::pattern(512, 7);
+    REQUIRE(f.mock.copy_to_device(f.device, written.data(), 512).ok());
+    std::vector<std::byte> seen(512);
+    SECTION("on the same stream") {
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        REQUIRE(f.mock.copy_to_device_async(f.other_device, host, 512, f.a).ok());    // read after write
+        REQUIRE(f.mock.copy_from_device_async(host, f.other_device, 256, f.a).ok());  // write after write
+        REQUIRE(f.mock.copy_to_device_async(f.device + 512, host, 512, f.a).ok());
+        REQUIRE(f.mock.copy_from_device_async(host + 100, f.device, 8, f.a).ok());  // write after read
+    }
+    SECTION("on another stream, after a stream wait for a recording made after the conflicting copy") {
+        const Event copied = event_of(f.mock);
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        REQUIRE(f.mock.record_event(copied, f.a).ok());
+        REQUIRE(f.mock.stream_wait_event(f.b, copied).ok());
+        REQUIRE(f.mock.copy_to_device_async(f.other_device, host, 512, f.b).ok());
+        REQUIRE(f.mock.synchronize().ok());
+        REQUIRE(f.mock.destroy_event(copied).ok());
+    }
+    SECTION("through waits on two streams, transitively") {
+        const Stream c = stream_of(f.mock);
+        const Event first = event_of(f.mock);
+        const Event second = event_of(f.mock);
+        REQUIRE(f.mock.copy_from_device_async(host, f.device, 512, f.a).ok());
+        REQUIRE(f.mock.record_event(first, f.a).ok());
+        REQUIRE(f.mock.stream_wait_event(f.b, first).ok());
+        REQUIRE(f.mock.record_event(second, f.b).ok());
+        REQUIRE(f.mock.stream_wait_event(c, second).ok());
+        REQUIRE(f.mock.copy_to_device_async(f.other_device, host, 512, c).ok());
+        REQUIRE(f.mock.synchronize().ok());
+        for (const Event event : {first, second}) REQUIRE(f.mock.destroy_event(event).ok());
+        REQUIRE(f.mock.destroy_stream(c).ok());
+    }
+    CHECK(f.mock.misuses() == 0);
+    CHECK(f.mock.misuse_report().empty());
+    REQUIRE(f.mock.synchronize().ok());
+    REQUIRE(f.mock.copy_from_device(seen.data(), f.other_device, 512).ok());
+    CHECK(seen == written);
+}
+
+TEST_CASE("mock: eager streams never check host hazards (nothing is left pending)", "[mock][async]") {
+    MockBackend mock;
+    std::byte* device = device_bytes(mock, 512);
+    const Stream a = stream_of(mock);
+    const Stream b = stream_of(mock);
+    std::vector<std::byte> host(512);
+    REQUIRE(mock.copy_from_device_async(host.data(), device, 512, a).ok());
+    REQUIRE(mock.copy_to_device_async(device, host.data(), 512, b).ok());
+    REQUIRE(mock.copy_from_device_async(host.data(), device, 512, b).ok());
+    REQUIRE(mock.copy_to_device(device, host.data(), 512).ok());
+    CHECK(mock.misuses() == 0);
+    for (const Stream stream : {a, b}) REQUIRE(mock.destroy_stream(stream).ok());
+    REQUIRE(mock.device_free(device).ok());
+}
+
+namespace {
 struct Kernel {
     MockBackend* mock;
     std::byte* device;

@@ -47,7 +47,14 @@ namespace devstage {
 /// synchronize() runs everything, and event_ready does the same after answering "not ready"
 /// `not_ready_polls` times. Whenever several streams have runnable work, the one whose next
 /// operation was enqueued last runs first. Freeing, or synchronously copying or setting,
-/// memory that pending work touches is Errc::busy. Host functions run on the thread that
+/// memory that pending work touches is Errc::busy. So is a host hazard: a copy whose host side
+/// conflicts with a pending copy it is not ordered after — reading host memory that a pending
+/// copy_from_device_async will still write, or writing host memory that a pending copy will
+/// still read or write. An enqueued copy is ordered after earlier work on its own stream and,
+/// through stream_wait_event, after what the recordings it waits for cover; a synchronous
+/// copy_to_device (reads the host) or copy_from_device (writes it) after nothing pending.
+/// Each of these is a misuse (misuses(), misuse_report()) naming both operations and the
+/// overlapping range; the call does nothing. Host functions run on the thread that
 /// synchronizes, with no lock held: they may call the mock's allocation, copy and memset
 /// operations (their copies are stream work, never busy); a stream or event operation, or
 /// synchronize(), from a host function is invalid_argument.
@@ -289,10 +296,19 @@ public:
         return device_.contains(pointer, bytes);
     }
     /// Misuses detected so far: double frees, unknown pointers, handles and streams,
-    /// out-of-bounds copies, memory used by pending work.
+    /// out-of-bounds copies, memory used by pending work, host hazards (deferred mode).
     std::uint64_t misuses() const noexcept {
         std::lock_guard lock(mutex_);
         return recorder_.misuses();
+    }
+    /// The messages of the misuses detected so far, one line each (the first 64; misuses()
+    /// counts them all); empty when there is none.
+    std::string misuse_report() const {
+        std::lock_guard lock(mutex_);
+        std::string report;
+        for (const std::string& line : recorder_.misuse_log()) report += line + "\n";
+        if (!report.empty()) report.pop_back();
+        return report;
     }
     /// One line per allocation, stream or event never freed; empty when there is none.
     std::string leak_report() const {
@@ -404,6 +420,10 @@ private:
         if (Status clear = engine_.not_pending(op, device, bytes, Side::device); !clear) {
             return recorder_.finish(op, device, bytes, std::move(clear));
         }
+        const void* host = op == MockOp::copy_to_device ? src : dst;
+        if (Status clear = engine_.host_hazard(op, std::nullopt, host, bytes); !clear) {
+            return recorder_.finish(op, device, bytes, std::move(clear));
+        }
         std::memcpy(dst, src, bytes);
         return recorder_.finish(op, device, bytes, {});
     }
@@ -423,8 +443,10 @@ private:
 
     Status enqueue_copy(MockOp op, const detail::MockStreams::Copy& copy, Stream stream) noexcept {
         std::unique_lock lock(mutex_);
-        return streams_.enqueue_copy(lock, op, stream.id, copy,
-                                     [&] { return check_copy(op, copy.device, copy.dst, copy.src, copy.bytes); });
+        return streams_.enqueue_copy(lock, op, stream.id, copy, [&] {
+            Status checked = check_copy(op, copy.device, copy.dst, copy.src, copy.bytes);
+            return checked ? engine_.host_hazard(op, stream.id, copy.host, copy.bytes) : checked;
+        });
     }
 
     MockConfig config_;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -192,6 +193,49 @@ public:
         return {};
     }
 
+    /// Deferred mode only (eager: ok at once, nothing is looked at): the host side of a copy
+    /// `op` of `bytes` at `host` — an enqueue on `stream`, or a synchronous copy (no stream) —
+    /// against the pending copies it is not ordered after. Busy (a misuse) when it reads host
+    /// memory such a copy will still write (read after write), or writes host memory such a
+    /// copy will still read (write after read) or write (write after write). An enqueue is
+    /// ordered after its stream's earlier work and, through the stream_wait_event calls
+    /// pending on it, after the recordings they wait for (transitively); a synchronous copy is
+    /// ordered after nothing pending. Unless two ranges overlap, this costs one pass over the
+    /// pending operations of the other streams, and allocates nothing.
+    Status host_hazard(MockOp op, std::optional<std::uint32_t> stream, const void* host, std::size_t bytes) noexcept {
+        if (!deferred_ || bytes == 0 || (!stream && in_host_function())) return {};
+        const bool writes = op == MockOp::copy_from_device || op == MockOp::copy_from_device_async;
+        const auto begin = reinterpret_cast<std::uintptr_t>(host);
+        const std::uintptr_t end = begin + bytes;
+        std::map<std::uint32_t, std::uint64_t> ordered;  // made at the first overlap only
+        bool ordering_known = false;
+        for (const auto& [id, queue] : streams_) {
+            if (stream && id == *stream) continue;  // its own stream's earlier work runs first
+            for (const Pending& pending : queue.queue) {
+                const bool pending_writes = pending.op == MockOp::copy_from_device_async;
+                if (!pending_writes && pending.op != MockOp::copy_to_device_async) continue;
+                if (!writes && !pending_writes) continue;  // two reads never conflict
+                const auto other = reinterpret_cast<std::uintptr_t>(pending.host);
+                if (other >= end || begin >= other + pending.bytes) continue;
+                if (stream) {
+                    if (!ordering_known) {
+                        const Target all{*stream, std::numeric_limits<std::uint64_t>::max()};
+                        if (!without_bad_alloc([&] { bounds_for(all, ordered); })) {
+                            return Status(
+                                Errc::out_of_memory,
+                                message("mock ", to_string(op), ": host memory exhausted ordering pending work"));
+                        }
+                        ordering_known = true;
+                    }
+                    const auto bound = ordered.find(id);
+                    if (bound != ordered.end() && pending.seq <= bound->second) continue;
+                }
+                return recorder_.misuse(Errc::busy, hazard_message(op, stream, host, bytes, writes, id, pending));
+            }
+        }
+        return {};
+    }
+
     // ---- observation ------------------------------------------------------------------------
     std::size_t live_streams() const noexcept { return streams_.size(); }
     /// Enqueued operations that have not run yet.
@@ -212,6 +256,24 @@ private:
     static const MockEngine*& host_function_owner() noexcept {
         thread_local const MockEngine* owner = nullptr;
         return owner;
+    }
+
+    static std::string hazard_message(MockOp op, std::optional<std::uint32_t> stream, const void* host,
+                                      std::size_t bytes, bool writes, std::uint32_t other_stream,
+                                      const Pending& pending) noexcept {
+        const bool pending_writes = pending.op == MockOp::copy_from_device_async;
+        const auto* first = static_cast<const std::byte*>(host);
+        const auto* other = static_cast<const std::byte*>(pending.host);
+        const void* overlap_begin = std::max(first, other);
+        const void* overlap_end = std::min(first + bytes, other + pending.bytes);
+        const char* kind = !writes ? "read after write" : pending_writes ? "write after write" : "write after read";
+        return message("mock ", to_string(op), stream ? message(" on stream ", *stream) : std::string(), ": ", kind,
+                       " on host [", overlap_begin, ", ", overlap_end, "): it ", writes ? "writes" : "reads", " host [",
+                       host, ", ", static_cast<const void*>(first + bytes), ") (", bytes, " bytes), which pending ",
+                       to_string(pending.op), " of ", pending.bytes, " bytes on stream ", other_stream, " (host [",
+                       pending.host, ", ", static_cast<const void*>(other + pending.bytes), ")) will still ",
+                       pending_writes ? "write" : "read",
+                       stream ? ", and no stream wait orders it after that copy" : ", and it runs before that copy");
     }
 
     bool reached(const Target& target) const noexcept {

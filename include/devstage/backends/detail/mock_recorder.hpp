@@ -57,9 +57,17 @@ public:
         }
         return status;
     }
-    /// A misuse detected: counted, and returned as the call's failure.
+    /// The misuse messages kept for misuse_report(): the first ones only.
+    static constexpr std::size_t misuse_log_limit = 64;
+
+    /// A misuse detected: counted, its message kept (the first misuse_log_limit), and returned
+    /// as the call's failure.
     Status misuse(Errc code, std::string text) noexcept {
         ++misuses_;
+        if (misuse_log_.size() < misuse_log_limit) {
+            // A message the host cannot store is dropped from the report; the count stands.
+            (void)without_bad_alloc([&] { misuse_log_.push_back(text); });
+        }
         return Status(code, std::move(text));
     }
     /// What the work enqueued by call `call` of `op` on `stream` reports when it runs: the
@@ -84,6 +92,7 @@ public:
     const std::vector<MockCall>& journal() const noexcept { return journal_; }
     void clear_journal() noexcept { journal_.clear(); }
     std::uint64_t misuses() const noexcept { return misuses_; }
+    const std::vector<std::string>& misuse_log() const noexcept { return misuse_log_; }
 
 private:
     struct Fault {
@@ -99,6 +108,7 @@ private:
     std::array<Fault, mock_op_count> run_faults_{};
     std::vector<MockCall> journal_;
     std::uint64_t misuses_ = 0;
+    std::vector<std::string> misuse_log_;
 };
 
 }  // namespace devstage::detail
