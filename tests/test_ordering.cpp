@@ -475,3 +475,37 @@ TEST_CASE("ordering: a stager of too many slots says so at every call, throwing 
     CHECK(stager.release().ok());
     CHECK(mock.live_device_allocations() == 0);
 }
+
+TEMPLATE_TEST_CASE("ordering: a run writing what a live run's pending upload reads waits for that upload",
+                   "[ordering][deferred]", RetainedBump<>, PerTensorMalloc<>) {
+    Mock mock(MockConfig{.deferred_async = true});
+    const auto one = test::make_stream(mock);
+    const auto two = test::make_stream(mock);
+    std::vector<std::byte> x(600, std::byte{5}), y(100);
+    {
+        Stager<Mock, TestType> stager(mock, TestType{}, 2);
+        const TensorArg reads_x[] = {{x.data(), x.size(), Direction::In}, {y.data(), y.size(), Direction::Out}};
+        const TensorArg writes_x[] = {{x.data() + 500, 100, Direction::Out}};
+        Result<StagedRun> live = stager.bind(reads_x, one);  // its upload of x is pending
+        REQUIRE(live.ok());
+        AddKernel writer;
+        writer.fill = 9;
+        Result<Completion> b = step(stager, mock, writes_x, writer, two, two);
+        REQUIRE(b.ok());
+        CHECK(stager.stats().hazard_stream_waits == 1);
+        AddKernel reader;
+        reader.mock = &mock;
+        reader.device.assign(live->device_args().begin(), live->device_args().end());
+        reader.directions = {Direction::In, Direction::Out};
+        reader.fill = 1;
+        REQUIRE(mock.launch_host_func(one, &AddKernel::run, &reader).ok());
+        Result<Completion> a = stager.finish(std::move(*live), one);
+        REQUIRE(a.ok());
+        REQUIRE(b->wait().ok());
+        REQUIRE(a->wait().ok());
+        CHECK(all_equal(std::vector<std::byte>(x.begin() + 500, x.end()), 9));
+    }
+    CHECK(mock.misuses() == 0);
+    REQUIRE(mock.destroy_stream(one).ok());
+    REQUIRE(mock.destroy_stream(two).ok());
+}

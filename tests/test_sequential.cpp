@@ -302,6 +302,11 @@ TEST_CASE("the checker sees a wrong byte", "[sequential]") {
         Choices none(0);
         runner.conclude(none);
     }
-    REQUIRE(report.failures.size() == 1);
-    CHECK(report.failures[0].find("host buffer b0: 1 of 16 bytes differ") != std::string::npos);
+    // Seen where the run's Completion is destroyed (its output checked again) and at the end.
+    REQUIRE_FALSE(report.failures.empty());
+    for (const std::string& failure : report.failures) {
+        INFO(failure);
+        CHECK(failure.find("b0: 1 of 16 bytes differ") != std::string::npos);
+    }
+    CHECK(report.failures.back().find("host buffer b0: 1 of 16 bytes differ") != std::string::npos);
 }

@@ -45,20 +45,6 @@
 
 namespace devstage {
 
-namespace detail {
-/// A backend that declares a Stream type means to be an AsyncBackend: one that misses an
-/// operation must not be staged synchronously without a word.
-template <class B>
-consteval bool streams_complete() {
-    if constexpr (requires { typename B::Stream; }) {
-        static_assert(AsyncBackend<B>,
-                      "the backend declares a Stream type but does not model devstage::AsyncBackend (see the "
-                      "unsatisfied operation below): add it, or the backend would stage synchronously");
-    }
-    return true;
-}
-}  // namespace detail
-
 /// Stages runs for one runner on one backend. `Stager<SimBackend> stager(sim); auto run = stager.bind(args);`
 ///
 /// Synchronous: `bind(args)` returns once the uploads are on the device; `finish(run)` once
@@ -166,6 +152,7 @@ public:
         const std::size_t index = *free;
         Slot& slot = slots_[index];
         if (Status settled = settle_fully(index, "frame"); !settled) return settled;
+        if (Status settled = settle_mirror_users(index, "frame"); !settled) return settled;
         Result<StagingLayout> layout = slot.plan_frame(shapes, this);
         if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
         if (Status grown = grow(index, *layout); !grown) return grown;
@@ -186,8 +173,10 @@ public:
         if (live_runs() > 0 || framed > 0)
             return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
         const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
-        for (std::size_t index = 0; index < slots_.size(); ++index) {
+        for (std::size_t index = 0; index < slots_.size(); ++index) {  // all settled before any grows
             if (Status settled = settle_fully(index, "reserve"); !settled) return settled;
+        }
+        for (std::size_t index = 0; index < slots_.size(); ++index) {
             StagingLayout layout;
             layout.required_bytes = bytes;
             layout.packed_bytes = mirror;
@@ -244,7 +233,8 @@ public:
     /// starts once) while the copy engine drains the previous chunk. An arg's memory is pageable
     /// when its TensorArg says so, else when the backend's `is_pinned` query (if it has one)
     /// says it is not pinned, else it is assumed pageable. The chunks are allocated at first
-    /// use; busy while a run is live. See docs/staging.md for when it pays.
+    /// use; busy while a run is live. An engine's pool is only pointed to: it must outlive this
+    /// stager (declare it first). See docs/staging.md for when it pays.
     Status set_pageable_ring(const PageableRing& ring,
                              HostCopyPool* pool = nullptr) noexcept requires PinnedHostBackend<B> {
         if (Status cleared = clear_pageable_ring(); !cleared) return cleared;
@@ -343,6 +333,8 @@ private:
     Status failed_bind(Slot& slot, Stream stream, bool enqueued, Status failure) noexcept;
     Status make_ready(std::size_t index, Stream stream, bool host_writes_mirror) noexcept;
     Status grow(std::size_t index, const StagingLayout& layout, bool keep = false) noexcept;
+    Status settle_mirror_users(std::size_t index, const char* what) noexcept;
+    bool uses_range(Slot& slot, const detail::HostBox& range) noexcept;
 
     // Runs `use(queue)` with the slot's FreeQueue: deferring while the slot has pending work.
     struct QueueContext {
@@ -368,6 +360,7 @@ private:
     void new_touch(const TensorArg& arg, bool frame, detail::Touch& read, detail::Touch& write) const noexcept;
     static void old_touch(const Slot& slot, const TensorLease& lease, detail::Touch& read,
                           detail::Touch& write) noexcept;
+    detail::Conflict carried_conflict(const Slot& slot, std::span<const TensorArg> args, bool frame) noexcept;
     static void carry(Slot& slot) noexcept;
     const detail::HostBox& bind_box(std::span<const TensorArg> args) noexcept;
     Status own_mirror(std::size_t index, std::span<const TensorArg> args) noexcept;

@@ -114,31 +114,42 @@ inline bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size
     return x < y + b_bytes && y < x + a_bytes;
 }
 
-/// The strongest need between a new run's args and another run's leases, and the first pair
-/// that needs it (for the message of a refusal). `new_touch(arg, read, write)` says how the new
-/// run touches an arg; `old_touch(lease, read, write)` how the other run touches a lease.
+/// How an earlier run of a slot, rebound while that run was still pending, touches one range
+/// of host memory (computed when the slot was rebound).
+struct Touched {
+    const void* host;
+    std::size_t bytes;
+    Touch read;
+    Touch write;
+};
+
+/// The strongest need between a new run's args and another run's host ranges (its leases, or
+/// Touched entries), and the first pair that needs it (for the message of a refusal).
+/// `new_touch(arg, read, write)` says how the new run touches an arg; `old_touch(old, read,
+/// write)` how the other run touches one of its ranges.
 struct Conflict {
     Need need = Need::none;
     std::size_t arg = 0;
-    const TensorLease* lease = nullptr;
+    const void* host = nullptr;
+    std::size_t bytes = 0;
 };
-template <class NewTouch, class OldTouch>
-Conflict find_conflict(std::span<const TensorArg> args, std::span<const TensorLease> leases, bool live,
-                       NewTouch&& new_touch, OldTouch&& old_touch) noexcept {
+template <class Old, class NewTouch, class OldTouch>
+Conflict find_conflict(std::span<const TensorArg> args, std::span<const Old> olds, bool live, NewTouch&& new_touch,
+                       OldTouch&& old_touch) noexcept {
     Conflict found;
-    for (const TensorLease& lease : leases) {
-        if (lease.host == nullptr || lease.bytes == 0) continue;
+    for (const Old& old : olds) {
+        if (old.host == nullptr || old.bytes == 0) continue;
         Touch old_read = Touch::none, old_write = Touch::none;
-        old_touch(lease, old_read, old_write);
+        old_touch(old, old_read, old_write);
         if (old_read == Touch::none && old_write == Touch::none) continue;
         for (std::size_t i = 0; i < args.size(); ++i) {
             const TensorArg& arg = args[i];
             if (arg.placement != Placement::Host || arg.bytes == 0) continue;
-            if (!overlap(arg.data, arg.bytes, lease.host, lease.bytes)) continue;
+            if (!overlap(arg.data, arg.bytes, old.host, old.bytes)) continue;
             Touch new_read = Touch::none, new_write = Touch::none;
             new_touch(arg, new_read, new_write);
             const Need need = order_for(new_read, new_write, old_read, old_write, live);
-            if (need > found.need) found = Conflict{need, i, &lease};
+            if (need > found.need) found = Conflict{need, i, old.host, old.bytes};
             if (need == Need::refuse) return found;
         }
     }

@@ -75,7 +75,7 @@ Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<cons
     const bool frame = slot.framed && args.data() == slot.frame_args.data();
     if (Status ready = make_ready(index, stream, frame || pack_limit > 0); !ready) return ready;
     if (Status sized = slot.size_for(args.size()); !sized) return sized;
-    if (slots_.size() > 1) carry(slot);
+    if (slots_.size() > 1 || pack_limit > 0 || ring_) carry(slot);
 
     if constexpr (fused) {
         // Plan, slice and lease in one pass against the buffer held; a plan that outgrows it
@@ -160,6 +160,11 @@ Status Stager<B, Strategy>::make_ready(std::size_t index, Stream stream, bool ho
         return Status(prepared.code(), with_backend(detail::message("stager bind: creating the slot's events failed: ",
                                                                     prepared.message())));
     }
+    if constexpr (pack_limit > 0) {
+        if (host_writes_mirror) {
+            if (Status settled = settle_mirror_users(index, "bind"); !settled) return settled;
+        }
+    }
     if (slot.fence.pending()) {
         Result<bool> ready = slot.fence.poll(async());
         if (!ready || (!*ready && host_writes_mirror && slot.uses_mirror)) {
@@ -170,6 +175,57 @@ Status Stager<B, Strategy>::make_ready(std::size_t index, Stream stream, bool ho
     }
     if (slot.settled < slot.generation || !slot.deferred.empty()) settle_with(index, Status());
     return {};
+}
+
+// Before the host rewrites, grows or frees slot `index`'s mirror: settles the other slots
+// whose pending work reads or writes it (an output of a frame fed back as an input), and
+// waits for the uploads of a live run that reads it.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::settle_mirror_users(std::size_t index, const char* what) noexcept {
+    const auto begin = reinterpret_cast<std::uintptr_t>(detail::mirror_of(slots_[index].strategy));
+    if (begin == 0) return {};
+    const detail::HostBox mirror{begin, begin + detail::mirror_capacity_of(slots_[index].strategy)};
+    for (std::size_t other = 0; other < slots_.size(); ++other) {
+        Slot& slot = slots_[other];
+        if (other == index || !(slot.live ? slot.uploads_pending : slot.fence.pending())) continue;
+        if (!uses_range(slot, mirror)) continue;
+        ++stats_.hazard_settles;
+        if (slot.live) {
+            if (Status drained = slot.fence.drain(async(), slot.bind_stream, stats_); !drained) {
+                return Status(drained.code(), with_backend(detail::message("stager ", what, ": the uploads of slot ",
+                                                                           other, " failed: ", drained.message())));
+            }
+            slot.uploads_pending = false;
+        } else if (Status settled = settle_fully(other, what); !settled) {
+            return settled;
+        }
+    }
+    return {};
+}
+
+// True when the pending work of `slot` (its run, and earlier runs under its fence) touches
+// host memory in `range`.
+template <Backend B, class Strategy>
+bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) noexcept {
+    auto inside = [&range](const void* host, std::size_t bytes) {
+        return host != nullptr && bytes > 0 &&
+               detail::overlap(host, bytes, reinterpret_cast<const void*>(range.begin), range.end - range.begin);
+    };
+    if (slot.host_box().meets(range)) {
+        for (const TensorLease& lease : slot.leases()) {
+            detail::Touch read = detail::Touch::none, write = detail::Touch::none;
+            old_touch(slot, lease, read, write);
+            if ((read != detail::Touch::none || write != detail::Touch::none) && inside(lease.host, lease.bytes)) {
+                return true;
+            }
+        }
+    }
+    if (!slot.fence.pending() || !slot.carried.meets(range)) return false;
+    if (slot.carried_overflow) return true;
+    for (const detail::Touched& touched : slot.carried_touches) {
+        if (inside(touched.host, touched.bytes)) return true;
+    }
+    return false;
 }
 
 // Grows slot `index` to hold `layout`, giving replaced memory back in stream order.

@@ -106,17 +106,16 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                                         "': ", cause.message()));
 }
 
-[[gnu::cold]] inline Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot,
-                                            const TensorLease& lease, std::string_view backend) noexcept {
-    return Status(
-        Errc::busy,
-        on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
-                           static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", lease.bytes,
-                           " bytes at ", static_cast<const void*>(lease.host), ") of the live run on slot ", slot,
-                           ", which has not been finished: it would read or write stale data; finish that "
-                           "run first (finished on one stream, the copy-back is ordered before this bind's "
-                           "uploads)"),
-                   backend));
+[[gnu::cold]] inline Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot, const void* host,
+                                            std::size_t bytes, std::string_view backend) noexcept {
+    return Status(Errc::busy,
+                  on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
+                                     static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", bytes,
+                                     " bytes at ", host, ") of the live run on slot ", slot,
+                                     ", which has not been finished: it would read or write stale data; finish that "
+                                     "run first (finished on one stream, the copy-back is ordered before this bind's "
+                                     "uploads)"),
+                             backend));
 }
 
 [[gnu::cold]] inline Status with_context(const Status& cause, std::string_view context,

@@ -11,12 +11,21 @@ namespace devstage {
 
 // Before slot `index` runs `args` on `stream`: orders it after every run in flight whose
 // host memory it conflicts with — a stream wait, a settle on the host first, or a settle
-// order — or refuses it (busy) when a live run will still write that memory.
+// order — or refuses it (busy) when a live run will still write that memory. The slot's own
+// earlier runs are ordered before it by the slot's stream order; only a host copy at bind of
+// memory they write needs them settled first.
 template <Backend B, class Strategy>
 Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<const TensorArg> args, Stream stream,
                                                   bool frame) noexcept {
     Slot& self = slots_[index];
     self.box_valid = false;
+    if (self.fence.pending() && !self.carried.empty()) {
+        const detail::Conflict own = carried_conflict(self, args, frame);
+        if (own.need == detail::Need::settle_now) {
+            ++stats_.hazard_settles;
+            if (Status settled = settle_fully(index, "bind"); !settled) return settled;
+        }
+    }
     for (std::size_t other = 0; other < slots_.size(); ++other) {
         Slot& slot = slots_[other];
         if (other == index || !(slot.live || slot.fence.pending() || slot.unpack)) continue;
@@ -30,7 +39,7 @@ Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<c
         detail::Conflict conflict;
         if (slot.host_box().meets(self.box)) {
             conflict = detail::find_conflict(
-                args, slot.leases(), slot.live,
+                args, std::span<const TensorLease>(slot.leases()), slot.live,
                 [&](const TensorArg& arg, detail::Touch& read, detail::Touch& write) {
                     new_touch(arg, frame, read, write);
                 },
@@ -38,18 +47,39 @@ Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<c
                     old_touch(slot, lease, read, write);
                 });
         }
-        if (slot.fence.pending() && slot.carried.meets(self.box) && conflict.need < detail::Need::stream_wait) {
-            conflict.need = detail::Need::stream_wait;  // earlier runs of that slot: device order
-            for (const TensorArg& arg : args) {
-                detail::Touch read = detail::Touch::none, write = detail::Touch::none;
-                new_touch(arg, frame, read, write);
-                if (read == detail::Touch::host_now) conflict.need = detail::Need::settle_now;
-            }
+        if (slot.live && conflict.need != detail::Need::none) {  // refused, or after its uploads
+            if (Status ordered = order_after(index, other, conflict, args, stream); !ordered) return ordered;
+            conflict = {};
+        }
+        if (slot.fence.pending() && conflict.need < detail::Need::settle_now) {  // earlier runs of the slot
+            const detail::Conflict earlier = carried_conflict(slot, args, frame);
+            if (earlier.need > conflict.need) conflict = earlier;
         }
         if (conflict.need == detail::Need::none) continue;
         if (Status ordered = order_after(index, other, conflict, args, stream); !ordered) return ordered;
     }
     return {};
+}
+
+// The need of `args` against the earlier runs still pending on `slot` (see carry()): exact
+// against their ranges, or against their host box when there were too many to keep.
+template <Backend B, class Strategy>
+detail::Conflict Stager<B, Strategy>::carried_conflict(const Slot& slot, std::span<const TensorArg> args,
+                                                       bool frame) noexcept {
+    if (!slot.carried.meets(bind_box(args))) return {};
+    const detail::Touched everything{reinterpret_cast<const void*>(slot.carried.begin),
+                                     slot.carried.end - slot.carried.begin, detail::Touch::device,
+                                     detail::Touch::device};
+    const std::span<const detail::Touched> olds = slot.carried_overflow
+                                                      ? std::span<const detail::Touched>(&everything, 1)
+                                                      : std::span<const detail::Touched>(slot.carried_touches);
+    return detail::find_conflict(
+        args, olds, false,
+        [&](const TensorArg& arg, detail::Touch& read, detail::Touch& write) { new_touch(arg, frame, read, write); },
+        [](const detail::Touched& old, detail::Touch& read, detail::Touch& write) {
+            read = old.read;
+            write = old.write;
+        });
 }
 
 template <Backend B, class Strategy>
@@ -58,7 +88,8 @@ Status Stager<B, Strategy>::order_after(std::size_t index, std::size_t other, co
     using detail::Need;
     Slot& slot = slots_[other];
     if (conflict.need == Need::refuse) {
-        return detail::overlap_failure(conflict.arg, args[conflict.arg], other, *conflict.lease, backend_->name());
+        return detail::overlap_failure(conflict.arg, args[conflict.arg], other, conflict.host, conflict.bytes,
+                                       backend_->name());
     }
     if (conflict.need == Need::after_uploads) {
         if (!slot.uploads_pending || slot.bind_stream == stream) return {};
@@ -106,13 +137,32 @@ void Stager<B, Strategy>::old_touch(const Slot& slot, const TensorLease& lease, 
     }
 }
 
-// A slot rebound while its earlier work is pending keeps that work's host box.
+// A slot rebound while its earlier work is pending keeps how that work touches host memory
+// (its ranges, up to a bound; past it, or when host memory is short, their box only).
 template <Backend B, class Strategy>
 void Stager<B, Strategy>::carry(Slot& slot) noexcept {
+    constexpr std::size_t most = 1024;
     if (!slot.fence.pending()) {
         slot.carried = {};
+        slot.carried_touches.clear();
+        slot.carried_overflow = false;
     } else {
         slot.carried.add(slot.host_box());
+        for (const TensorLease& lease : slot.leases()) {
+            if (slot.carried_overflow) break;
+            detail::Touched touched{lease.host, lease.bytes, detail::Touch::none, detail::Touch::none};
+            old_touch(slot, lease, touched.read, touched.write);
+            if (lease.host == nullptr ||
+                (touched.read == detail::Touch::none && touched.write == detail::Touch::none)) {
+                continue;
+            }
+            if (slot.carried_touches.size() >= most ||
+                !detail::grow_storage(slot.carried_touches, slot.carried_touches.size() + 1).ok()) {
+                slot.carried_overflow = true;
+                break;
+            }
+            slot.carried_touches.back() = touched;
+        }
     }
     if (slot.has_settle_after) {
         std::fill(slot.settle_after.begin(), slot.settle_after.end(), 0);
@@ -161,14 +211,7 @@ std::optional<std::size_t> Stager<B, Strategy>::free_slot(std::span<const Tensor
             Result<bool> ready = slots_[i].fence.poll(async());
             return ready && *ready;
         },
-        [this, args](std::size_t i) {
-            if constexpr (pack_limit > 0) {
-                return args.empty() || own_mirror(i, args).ok();
-            } else {
-                (void)i;
-                return true;
-            }
-        });
+        [this, args](std::size_t i) { return pack_limit == 0 || args.empty() || own_mirror(i, args).ok(); });
 }
 
 template <Backend B, class Strategy>

@@ -86,10 +86,15 @@ void Stager<B, Strategy>::settle_with(std::size_t index, Status status) noexcept
         }
     }
     slot.deferred.clear();
+    if (!slot.carried.empty()) {  // the slot's earlier runs completed with it
+        slot.carried = {};
+        slot.carried_touches.clear();
+        slot.carried_overflow = false;
+    }
     if (slot.has_settle_after) settle_predecessors(index);
     if (slot.unpack && status.ok()) moves().unpack(slot);
     slot.unpack = false;
-    slot.uses_mirror = false;
+    if (!slot.live) slot.uses_mirror = false;  // a live run's packed upload is not under the fence
     resolve_settled(index, status);
 }
 
@@ -212,13 +217,20 @@ Status Stager<B, Strategy>::release() noexcept {
             if (first.ok()) first = std::move(freed);
         }
     }
+    // Every slot is settled before any memory goes: a run may read another slot's mirror (an
+    // output fed back as an input).
+    bool kept = false;
     for (std::size_t index = 0; index < slots_.size(); ++index) {
         if (Status settled = settle_fully(index, "release"); !settled) {
             // Pending work may still use the slot's memory: it is kept for a later release().
             if (first.ok()) first = std::move(settled);
-            continue;
+            kept = true;
         }
+    }
+    for (std::size_t index = 0; index < slots_.size(); ++index) {
         Slot& slot = slots_[index];
+        if (slot.fence.pending()) continue;
+        if (kept && detail::mirror_of(slot.strategy) != nullptr) continue;  // pending work may read it
         Status freed = slot.strategy.release_retained(*backend_, stats_);
         if (first.ok()) first = std::move(freed);
         slot.drop_bookkeeping();  // the per-arg host bookkeeping goes too: the next bind sizes it again

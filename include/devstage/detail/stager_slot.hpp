@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "devstage/backend.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/detail/run_order.hpp"
 #include "devstage/detail/slot_fence.hpp"
@@ -32,6 +33,18 @@ class StagedRun;
 }  // namespace devstage
 
 namespace devstage::detail {
+
+/// A backend that declares a Stream type means to be an AsyncBackend: one that misses an
+/// operation must not be staged synchronously without a word.
+template <class B>
+consteval bool streams_complete() {
+    if constexpr (requires { typename B::Stream; }) {
+        static_assert(AsyncBackend<B>,
+                      "the backend declares a Stream type but does not model devstage::AsyncBackend (see the "
+                      "unsatisfied operation below): add it, or the backend would stage synchronously");
+    }
+    return true;
+}
 
 /// The packing limit of a strategy (0 when it does not pack).
 template <class S>
@@ -141,7 +154,9 @@ struct StagerSlot {
     bool uploads_pending = false;  // the live run's uploads were enqueued and not drained
     HostBox box;                   // of the bound (or last finished) run's host memory
     bool box_valid = false;
-    HostBox carried;  // of earlier runs on this slot still pending under the fence
+    HostBox carried;                       // of earlier runs on this slot still pending under the fence
+    std::vector<Touched> carried_touches;  // their host ranges (unless too many: carried_overflow)
+    bool carried_overflow = false;
     // Settle order: before this slot's run is settled, slot i is settled through generation
     // settle_after[i] (0: no need). Sized to the slot count at construction.
     std::vector<std::uint64_t> settle_after;
@@ -246,6 +261,8 @@ struct StagerSlot {
         lease_count = staged = 0;
         box_valid = false;
         carried = {};
+        carried_overflow = false;
+        std::vector<Touched>().swap(carried_touches);
         std::vector<TensorLease>().swap(lease_storage);
         std::vector<TensorArg>().swap(device_args);
         std::vector<void*>().swap(deferred);
@@ -253,7 +270,7 @@ struct StagerSlot {
 
     std::size_t bookkeeping_bytes() const noexcept {
         return lease_storage.capacity() * sizeof(TensorLease) + device_args.capacity() * sizeof(TensorArg) +
-               deferred.capacity() * sizeof(void*);
+               deferred.capacity() * sizeof(void*) + carried_touches.capacity() * sizeof(Touched);
     }
 };
 
