@@ -131,6 +131,7 @@ Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t coun
     Slot& slot = slots_[index];
     slot.live = true;
     slot.uploads_pending = enqueued && !immediate;
+    slot.run_leases = true;
     slot.bind_stream = stream;
     slot.bound_at = ++ticks_;
     ++stats_.runs;
@@ -211,7 +212,7 @@ bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) n
         return host != nullptr && bytes > 0 &&
                detail::overlap(host, bytes, reinterpret_cast<const void*>(range.begin), range.end - range.begin);
     };
-    if (slot.host_box().meets(range)) {
+    if (slot.run_leases && slot.host_box().meets(range)) {
         for (const TensorLease& lease : slot.leases()) {
             detail::Touch read = detail::Touch::none, write = detail::Touch::none;
             old_touch(slot, lease, read, write);

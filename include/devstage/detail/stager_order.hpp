@@ -37,7 +37,7 @@ Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<c
             self.box_valid = true;
         }
         detail::Conflict conflict;
-        if (slot.host_box().meets(self.box)) {
+        if (slot.run_leases && slot.host_box().meets(self.box)) {
             conflict = detail::find_conflict(
                 args, std::span<const TensorLease>(slot.leases()), slot.live,
                 [&](const TensorArg& arg, detail::Touch& read, detail::Touch& write) {
@@ -142,11 +142,12 @@ void Stager<B, Strategy>::old_touch(const Slot& slot, const TensorLease& lease, 
 template <Backend B, class Strategy>
 void Stager<B, Strategy>::carry(Slot& slot) noexcept {
     constexpr std::size_t most = 1024;
+    const bool was_run = std::exchange(slot.run_leases, false);  // not after a failed bind, nor twice
     if (!slot.fence.pending()) {
         slot.carried = {};
         slot.carried_touches.clear();
         slot.carried_overflow = false;
-    } else {
+    } else if (was_run) {
         slot.carried.add(slot.host_box());
         for (const TensorLease& lease : slot.leases()) {
             if (slot.carried_overflow) break;

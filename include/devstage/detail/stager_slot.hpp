@@ -157,6 +157,7 @@ struct StagerSlot {
     HostBox carried;                       // of earlier runs on this slot still pending under the fence
     std::vector<Touched> carried_touches;  // their host ranges (unless too many: carried_overflow)
     bool carried_overflow = false;
+    bool run_leases = false;  // leases() are those of a bound or finished run (not of a failed bind)
     // Settle order: before this slot's run is settled, slot i is settled through generation
     // settle_after[i] (0: no need). Sized to the slot count at construction.
     std::vector<std::uint64_t> settle_after;
