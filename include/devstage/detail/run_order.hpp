@@ -169,20 +169,29 @@ struct SlotView {
 /// are taken only when no other is free (the bind then says why it cannot use it).
 template <class View, class Idle, class Usable>
 std::optional<std::size_t> choose_slot(std::size_t slots, View&& view, Idle&& idle, Usable&& usable) noexcept {
-    std::optional<std::size_t> oldest, oldest_idle, unusable;
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    std::size_t oldest = none, oldest_idle = none, unusable = none;
+    std::uint64_t oldest_at = 0, idle_at = 0;
     for (std::size_t index = 0; index < slots; ++index) {
         const SlotView slot = view(index);
         if (slot.taken) continue;
         if (!usable(index)) {
-            if (!unusable) unusable = index;
+            if (unusable == none) unusable = index;
             continue;
         }
-        if (!oldest || slot.bound_at < view(*oldest).bound_at) oldest = index;
-        if (oldest_idle && view(*oldest_idle).bound_at <= slot.bound_at) continue;
-        if (!slot.pending || idle(index)) oldest_idle = index;
+        if (oldest == none || slot.bound_at < oldest_at) {
+            oldest = index;
+            oldest_at = slot.bound_at;
+        }
+        if (oldest_idle != none && idle_at <= slot.bound_at) continue;
+        if (!slot.pending || idle(index)) {
+            oldest_idle = index;
+            idle_at = slot.bound_at;
+        }
     }
-    if (oldest_idle) return oldest_idle;
-    return oldest ? oldest : unusable;
+    const std::size_t chosen = oldest_idle != none ? oldest_idle : oldest != none ? oldest : unusable;
+    if (chosen == none) return std::nullopt;
+    return chosen;
 }
 
 }  // namespace devstage::detail

@@ -221,7 +221,7 @@ bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) n
             }
         }
     }
-    if (!slot.fence.pending() || !slot.carried.meets(range)) return false;
+    if (slot.carried.empty() || !slot.fence.pending() || !slot.carried.meets(range)) return false;
     if (slot.carried_overflow) return true;
     for (const detail::Touched& touched : slot.carried_touches) {
         if (inside(touched.host, touched.bytes)) return true;

@@ -51,7 +51,8 @@ Status Stager<B, Strategy>::order_after_in_flight(std::size_t index, std::span<c
             if (Status ordered = order_after(index, other, conflict, args, stream); !ordered) return ordered;
             conflict = {};
         }
-        if (slot.fence.pending() && conflict.need < detail::Need::settle_now) {  // earlier runs of the slot
+        if (!slot.carried.empty() && slot.fence.pending() &&
+            conflict.need < detail::Need::settle_now) {  // earlier runs of the slot
             const detail::Conflict earlier = carried_conflict(slot, args, frame);
             if (earlier.need > conflict.need) conflict = earlier;
         }
@@ -143,6 +144,7 @@ template <Backend B, class Strategy>
 void Stager<B, Strategy>::carry(Slot& slot) noexcept {
     constexpr std::size_t most = 1024;
     const bool was_run = std::exchange(slot.run_leases, false);  // not after a failed bind, nor twice
+    if (!slot.fence.pending() && slot.carried.empty() && !slot.has_settle_after) return;
     if (!slot.fence.pending()) {
         slot.carried = {};
         slot.carried_touches.clear();
