@@ -661,6 +661,13 @@ private:
 
     void reserve(Input& in) {
         const std::size_t bytes = sizes[in.byte() % size_count] * (1 + in.byte() % 8);
+        if constexpr (!retained) {
+            return;  // reserve() is for retained strategies only (it does not compile otherwise)
+        } else {
+            reserve(bytes);
+        }
+    }
+    void reserve(std::size_t bytes) {
         // A live run or an unbound frame uses a slot's memory: reserve() is busy then. (A frame
         // whose bind failed may or may not have been used up.)
         const bool live_runs = stager->live_runs() > 0;

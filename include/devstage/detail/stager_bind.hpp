@@ -209,8 +209,8 @@ Status Stager<B, Strategy>::settle_mirror_users(std::size_t index, const char* w
 template <Backend B, class Strategy>
 bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) noexcept {
     auto inside = [&range](const void* host, std::size_t bytes) {
-        return host != nullptr && bytes > 0 &&
-               detail::overlap(host, bytes, reinterpret_cast<const void*>(range.begin), range.end - range.begin);
+        const auto at = reinterpret_cast<std::uintptr_t>(host);
+        return host != nullptr && bytes > 0 && at < range.end && range.begin < at + bytes;
     };
     if (slot.run_leases && slot.host_box().meets(range)) {
         for (const TensorLease& lease : slot.leases()) {

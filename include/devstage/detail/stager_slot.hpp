@@ -133,36 +133,37 @@ struct StagerSlot {
     std::vector<TensorArg> device_args;  // only grows
     StagingLayout layout;                // of the bound (or last finished) run
     StagedRun* handle = nullptr;
-    bool live = false;
-    bool all_packed = false;  // the run is a frame: every staged arg in the mirror
     SlotFence<Async> fence;
-    std::vector<void*> deferred;   // device frees waiting for the fence
-    std::uint64_t generation = 0;  // finishes so far
-    std::uint64_t settled = 0;     // generations whose results were handed out
-    bool unpack = false;           // packed outputs wait in the mirror for the host
-    bool uses_mirror = false;      // pending work reads or writes the mirror
-    Stream bind_stream{};
+    std::vector<void*> deferred;                         // device frees waiting for the fence
+    std::uint64_t generation = 0;                        // finishes so far
+    std::uint64_t settled = 0;                           // generations whose results were handed out
     std::uint64_t bound_at = 0;                          // for "the slot bound longest ago"
     std::vector<TensorArg> frame_args;                   // only grows; kept by release(): frames point here
     std::vector<std::vector<TensorArg>> retired_frames;  // outgrown frame storage, for stale frames
     StagingLayout frame_layout;
     std::size_t frame_count = 0;
     std::uint64_t frame_generation = 0;
-    bool framed = false;  // a frame is handed out and not yet bound
-    bool held = false;    // a frame's run whose Completion the engine still holds
     std::uint64_t held_generation = 0;
-    bool uploads_pending = false;  // the live run's uploads were enqueued and not drained
-    HostBox box;                   // of the bound (or last finished) run's host memory
-    bool box_valid = false;
+    HostBox box;                           // of the bound (or last finished) run's host memory
     HostBox carried;                       // of earlier runs on this slot still pending under the fence
     std::vector<Touched> carried_touches;  // their host ranges (unless too many: carried_overflow)
-    bool carried_overflow = false;
-    bool run_leases = false;  // leases() are those of a bound or finished run (not of a failed bind)
     // Settle order: before this slot's run is settled, slot i is settled through generation
     // settle_after[i] (0: no need). Sized to the slot count at construction.
     std::vector<std::uint64_t> settle_after;
-    bool has_settle_after = false;
     void* last_base = nullptr;  // for address_changes
+    Stream bind_stream{};
+    // flags
+    bool live = false;
+    bool all_packed = false;       // the run is a frame: every staged arg in the mirror
+    bool unpack = false;           // packed outputs wait in the mirror for the host
+    bool uses_mirror = false;      // pending work reads or writes the mirror
+    bool framed = false;           // a frame is handed out and not yet bound
+    bool held = false;             // a frame's run whose Completion the engine still holds
+    bool uploads_pending = false;  // the live run's uploads were enqueued and not drained
+    bool box_valid = false;
+    bool carried_overflow = false;
+    bool run_leases = false;  // leases() are those of a bound or finished run (not of a failed bind)
+    bool has_settle_after = false;
     bool had_base = false;
 
     std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
