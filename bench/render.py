@@ -134,6 +134,19 @@ if instructions:
         r = instructions["retained"]
         w(f"\nGoal in this run: RetainedBump costs {r:.1f} instructions per tensor "
           f"({'met' if r <= 60 else 'not met'}: the goal is at most 60, {compiler} -O2).\n")
+    steps = [(label, instructions[mode]) for mode, label in
+             (("stream-retained-per-step", "RetainedBump"), ("stream-packed-per-step", "RetainedBump + PackSmall<16384>"))
+             if mode in instructions]
+    if steps:
+        w("Per step of a pipelined stream loop (bench/instructions.cpp `stream-*`): 16 tensors of 256 B to 4 KiB "
+          "per step, two slots on one stream over a backend whose copies do nothing and whose events are always "
+          "complete, each slot's steps on host buffers of its own (nothing shared between runs in flight), the "
+          "previous step's Completion dropped after the next step is finished; 1000 steps.\n")
+        w("| strategy | instructions per step |")
+        w("| --- | ---: |")
+        for label, value in steps:
+            w(f"| {label} | {value:.1f} |")
+        w("")
 else:
     w("Not measured in this run (valgrind or the `instructions` executable was missing).\n")
 
