@@ -310,6 +310,7 @@ private:
     struct Pending {
         Completion done;
         Record* record;
+        bool holds = false;  // a frame's run: its Completion holds the slot until destroyed or detached
     };
 
     static MockConfig mock_config(std::uint8_t config) {
@@ -401,7 +402,7 @@ private:
         if (streamed) {
             Result<Completion> done = stager->finish(std::move(entry.run), streams[stream], execution);
             if (done) {
-                pending.push_back(Pending{std::move(*done), &r});
+                pending.push_back(Pending{std::move(*done), &r, r.frame.has_value()});
             } else {
                 verify(r, done.status(), true);  // an error at the call: after what was enqueued completed
             }
@@ -459,6 +460,7 @@ private:
                 p.done.detach();
                 EXPECT(!p.done.pending());
                 r.detached = true;
+                p.holds = false;
                 break;
             default:
                 // Dropped: the destructor waits, so the outputs are in place; the result went to
@@ -625,6 +627,7 @@ private:
             l.record->inert = true;
         }
         drop_frames();
+        unhold();
         bump_all();
         EXPECT(stager->live_runs() == 0);
         if (!released) return;
@@ -649,6 +652,7 @@ private:
             l.record->inert = true;
         }
         drop_frames();
+        unhold();
         for (const auto& r : records) r->abandoned = true;
         for (std::size_t i = 0; i < pending.size(); ++i) {
             EXPECT(!pending[i].done.pending());
@@ -668,12 +672,13 @@ private:
         }
     }
     void reserve(std::size_t bytes) {
-        // A live run or an unbound frame uses a slot's memory: reserve() is busy then. (A frame
-        // whose bind failed may or may not have been used up.)
+        // A live run, an unbound frame or a held frame run uses a slot's memory: reserve() is
+        // busy then. (A frame whose bind failed may or may not have been used up.)
         const bool live_runs = stager->live_runs() > 0;
         const bool surely_framed =
             std::any_of(framed.begin(), framed.end(), [](const Record* r) { return !r->maybe_bound; });
-        const bool maybe_in_use = live_runs || !framed.empty();
+        const bool held = std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.holds; });
+        const bool maybe_in_use = live_runs || !framed.empty() || held;
         const Status reserved = stager->reserve(bytes);
         bump_all();
         if (!reserved) {
@@ -681,7 +686,7 @@ private:
             if (fault_free()) EXPECT(maybe_in_use && reserved.code() == Errc::busy);
             return;
         }
-        EXPECT(!live_runs && !surely_framed);
+        EXPECT(!live_runs && !surely_framed && !held);
         drop_frames();  // the frames left were used up by their failed binds
         for (std::size_t slot = 0; slot < slots_; ++slot) {
             if constexpr (retained) EXPECT(stager->strategy(slot).capacity() >= bytes);
@@ -1017,8 +1022,15 @@ private:
         for (const Live& l : live) {
             if (l.run.live() && l.run.slot() == slot) return true;
         }
+        if (std::any_of(pending.begin(), pending.end(),
+                        [slot](const Pending& p) { return p.holds && p.record->slot == slot; }))
+            return true;
         return std::any_of(framed.begin(), framed.end(),
                            [slot](const Record* r) { return r->slot == slot && !r->maybe_bound; });
+    }
+    // release() and abandon() end every hold: the Completions stay, holding nothing.
+    void unhold() {
+        for (Pending& p : pending) p.holds = false;
     }
     std::size_t free_slots() const {
         std::size_t n = 0;
