@@ -1,30 +1,43 @@
 // SPDX-License-Identifier: Apache-2.0
-// The main example: N decode steps of a Qwen3-14B-decode-shaped input set through a Stager,
-// once per strategy, inputs generated in pinned memory. By default the steps are stream-ordered
-// and pipelined over two slots: step k+1 is bound, launched and finished on the stream before
-// the host waits for step k. Every column of the main table is per step.
+// The main example: a decode loop as an engine runs it, once per strategy. The weights, RoPE
+// tables and KV cache of a Qwen3-14B-shaped model (qwen3_decode.hpp) stay on the device: they
+// are uploaded once, then passed to every step as Placement::Device args. Each step binds only
+// its own inputs (tokens, positions, block table, temperatures) and copies back its logits. A
+// kernel stand-in computes the step on the device's data (decode_step.hpp); the host checks
+// every step's logits, and the KV cache at the end, against the same arithmetic run on its own
+// copies, and one line says PASS or FAIL (exit status 1). The summary gives, per step, the
+// device allocations and copies each strategy made, and on the simulator what its copies cost
+// on two modeled links against the limit of one copy each way.
 //
 //   decode_loop [--steps N] [--scale S] [--strategy all|both|retained|per-tensor|packed]
-//               [--async|--sync] [--pageable] [--backend sim|ascend]
+//               [--async|--sync] [--pageable] [--backend sim|ascend] [--link both|h200|ascend]
 // --strategy both is PerTensorMalloc and RetainedBump; all adds RetainedBump with PackSmall.
-// --async (the default on a backend with streams) binds and finishes on a stream; its kernel
-// stand-in is a host function on that stream where the backend has them (the simulator), and
-// otherwise (Ascend) a synchronous memset once the bind's uploads completed. --sync binds and
-// finishes synchronously, one step at a time.
+// --async (the default on a backend with streams) binds and finishes each step on a stream
+// over two pipeline slots; the kernel stand-in is a host function on that stream where the
+// backend has them (the simulator), and otherwise (Ascend) runs on the host once the bind's
+// uploads completed. --sync binds and finishes synchronously, one step at a time.
+// --pageable puts the step's inputs and logits in pageable host memory instead of pinned.
+// --link chooses the simulator's link models (SimLinkModel::h200(), ascend_a2a3()).
 // --backend ascend runs on Ascend device 0 through CANN ACL (libascendcl.so, or
-// $DEVSTAGE_ACL_LIBRARY); bounced bytes and the link model are then not known.
+// $DEVSTAGE_ACL_LIBRARY), where the link is not modeled.
 #include <algorithm>
 #include <array>
-#include <chrono>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "decode_step.hpp"
 #include "devstage/backends/ascend.hpp"
 #include "devstage/backends/sim.hpp"
 #include "devstage/devstage.hpp"
@@ -33,414 +46,728 @@
 namespace {
 
 using PackedBump = devstage::RetainedBump<devstage::ExactGrowth, 1024, devstage::PackSmall<>>;
+using Args = std::array<devstage::TensorArg, decode::arg_count>;
 
 struct Options {
     int steps = 30;
     double scale = 0.002;
     std::string strategy = "all";
     std::string backend = "sim";
-    std::optional<bool> async;  // unset: on where the backend has streams
+    std::optional<std::string> link;  // unset: both, on the simulator
+    std::optional<bool> async;        // unset: on where the backend has streams
     bool pageable = false;
 };
 
-// Counters at one point of the loop: the stager's, and the simulator's where it is one.
+// A link model the simulator runs with.
+struct Link {
+    const char* option;  // its --link value
+    const char* name;
+    const char* preset;
+    devstage::SimLinkModel model;
+};
+
+// The counters at one point of the loop: the stager's, and the simulator's modeled link time
+// and bounced bytes.
 struct Sample {
     devstage::StagerStats stager;
-    std::uint64_t bounced = 0, modeled_ns = 0;
+    std::uint64_t modeled_ns = 0, bounced = 0;
 };
 
+// A counter's smallest and largest value over the steady steps.
+struct PerStep {
+    std::uint64_t low = std::numeric_limits<std::uint64_t>::max(), high = 0;
+    void add(std::uint64_t value) {
+        low = std::min(low, value);
+        high = std::max(high, value);
+    }
+};
+
+// One strategy's run on one backend.
 struct Report {
-    const char* label = "";
+    const Link* link = nullptr;  // null on a device, where the link is not modeled
+    const char* strategy = "";
     int warmup = 1;  // the first step of each pipeline slot: it allocates
-    double warmup_ms = 0, median_ms = 0;
-    Sample start, warm, end;  // before step 1, after the warm-up steps, after the last step
-    bool link_known = false;  // only the simulator models the link and reports bounced bytes
+    PerStep mallocs, frees, copies_in, copies_out, modeled_ns, bounced;
+    std::uint64_t warmup_mallocs = 0, warmup_buffers = 0, warmup_retries = 0;  // over the warm-up steps
+    std::uint64_t limit_ns = 0;     // one copy each way of the step's bytes, on the link
+    std::uint64_t resident_ns = 0;  // the one upload of the resident tensors, on the link
 };
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
+// The simulator's modeled link time so far; 0 elsewhere.
+template <class B>
+std::uint64_t modeled_ns(const B& backend) {
+    if constexpr (std::is_same_v<B, devstage::SimBackend>) {
+        return backend.stats().modeled_ns;
+    } else {
+        (void)backend;
+        return 0;
+    }
 }
 
 template <class B, class Strategy>
 Sample sample(const B& backend, const devstage::Stager<B, Strategy>& stager) {
-    Sample s{stager.stats()};
     if constexpr (std::is_same_v<B, devstage::SimBackend>) {
-        s.bounced = backend.stats().bounced_bytes;
-        s.modeled_ns = backend.stats().modeled_ns;
+        return Sample{stager.stats(), backend.stats().modeled_ns, backend.stats().bounced_bytes};
+    } else {
+        return Sample{stager.stats()};
     }
-    return s;
 }
 
-// One decode step's "kernel": writes the output and one KV slot per sequence on the device.
-// The indices are those of qwen3::table().
-struct Kernel {
-    void* output = nullptr;
-    std::size_t output_bytes = 0;
-    std::array<void*, 2> cache{};
-    std::array<std::size_t, 2> cache_bytes{};
-    int step = 0;
-
-    Kernel() = default;
-    Kernel(std::span<const devstage::TensorArg> device_args, int step_index) : step(step_index) {
-        output = device_args[18].data;
-        output_bytes = device_args[18].bytes;
-        for (std::size_t i = 0; i < 2; ++i) {
-            cache[i] = device_args[13 + i].data;
-            cache_bytes[i] = std::min<std::size_t>(device_args[13 + i].bytes, 16 * 2048);
-        }
-    }
-
-    template <devstage::MemsetBackend B>
-    devstage::Status run(B& backend) const noexcept {
-        if (auto s = backend.device_memset(output, step & 0x7F, output_bytes); !s) return s;
-        for (std::size_t i = 0; i < 2; ++i) {
-            if (auto s = backend.device_memset(cache[i], step & 0x7F, cache_bytes[i]); !s) return s;
-        }
-        return {};
-    }
-};
-
-// The kernel enqueued as a host function: it runs on the stream's worker, in stream order,
-// and leaves its status for the host to read once the step's Completion was waited on.
+// Whether the host can dereference the backend's device memory: the simulator keeps it in
+// host memory.
 template <class B>
-struct KernelLaunch {
-    B* backend = nullptr;
-    Kernel kernel;
-    devstage::Status status;
+inline constexpr bool host_addressable = std::is_same_v<B, devstage::SimBackend>;
 
-    static void run(void* self) noexcept {
-        auto* launch = static_cast<KernelLaunch*>(self);
-        launch->status = launch->kernel.run(*launch->backend);
+devstage::Status out_of_range() {
+    return devstage::Status(devstage::Errc::invalid_argument,
+                            "the kernel stand-in found a step input out of its range on the device");
+}
+
+// The kernel stand-in: decode::step on a run's device args. Where the host can read device
+// memory (the simulator) it runs on that memory. Elsewhere it copies the tensors step() reads
+// to the host, runs there, and copies back what step() wrote: the KV cache and the logits.
+template <class B>
+class Kernel {
+public:
+    explicit Kernel(B& backend) : backend_(&backend) {}
+
+    // The run's device args (the same sizes every step).
+    void bind(std::span<const devstage::TensorArg> device_args) {
+        std::copy(device_args.begin(), device_args.end(), args_.begin());
+        if constexpr (!host_addressable<B>) {
+            for (std::size_t i : read) scratch_[i].resize(args_[i].bytes);
+            scratch_[decode::logits].resize(args_[decode::logits].bytes);
+        }
     }
+
+    devstage::Status run() noexcept {
+        if constexpr (host_addressable<B>) {
+            return decode::step(decode::view(args_)) ? devstage::Status{} : out_of_range();
+        } else {
+            Args host = args_;
+            for (std::size_t i : read) {
+                host[i].data = scratch_[i].data();
+                if (auto s = backend_->copy_from_device(host[i].data, args_[i].data, args_[i].bytes); !s) return s;
+            }
+            host[decode::logits].data = scratch_[decode::logits].data();
+            if (!decode::step(decode::view(host))) return out_of_range();
+            for (std::size_t i : written) {
+                if (auto s = backend_->copy_to_device(args_[i].data, host[i].data, args_[i].bytes); !s) return s;
+            }
+            return {};
+        }
+    }
+
+    // As a host function on a stream: the status is read once the step's Completion was waited on.
+    static void on_stream(void* self) noexcept {
+        auto* kernel = static_cast<Kernel*>(self);
+        kernel->status_ = kernel->run();
+    }
+    const devstage::Status& status() const { return status_; }
+    void set_status(devstage::Status status) { status_ = std::move(status); }
+
+private:
+    static constexpr std::array<std::size_t, 9> read{decode::tokens,       decode::positions, decode::block_table,
+                                                     decode::temperatures, decode::k_proj,    decode::v_proj,
+                                                     decode::o_proj,       decode::key_cache, decode::value_cache};
+    static constexpr std::array<std::size_t, 3> written{decode::key_cache, decode::value_cache, decode::logits};
+    B* backend_;
+    Args args_{};
+    std::array<std::vector<std::byte>, decode::arg_count> scratch_;
+    devstage::Status status_;
 };
 
-bool failed(const char* what, int step, const devstage::Status& status) {
-    if (status) return false;
-    std::fprintf(stderr, "decode_loop: %s of step %d failed: %s\n", what, step + 1, status.message().c_str());
+// The resident tensors on the device: uploaded once with the backend's own copy, freed at the
+// end of the run.
+template <class B>
+class Resident {
+public:
+    Resident(B& backend, const qwen3::Inputs& model) : backend_(backend) {
+        for (std::size_t row = 1; row <= decode::resident_count; ++row) {
+            const devstage::TensorArg& host = model.args[row];
+            auto device = backend.device_malloc(host.bytes);
+            if (!device) {
+                status_ = device.status();
+                return;
+            }
+            pointers_.push_back(*device);
+            if (auto s = backend.copy_to_device(*device, host.data, host.bytes); !s) {
+                status_ = s;
+                return;
+            }
+        }
+    }
+    Resident(const Resident&) = delete;
+    Resident& operator=(const Resident&) = delete;
+    ~Resident() {
+        for (void* pointer : pointers_) (void)backend_.device_free(pointer);
+    }
+
+    const devstage::Status& status() const { return status_; }
+    // The device arg of qwen3::table() row `row` (1-14).
+    devstage::TensorArg arg(const qwen3::Inputs& model, std::size_t row) const {
+        const devstage::TensorArg& host = model.args[row];
+        return devstage::TensorArg{pointers_[row - 1], host.bytes, host.direction, devstage::Placement::Device};
+    }
+
+private:
+    B& backend_;
+    std::vector<void*> pointers_;
+    devstage::Status status_;
+};
+
+// The host reference: the same arithmetic on the host's copies of the weights, on a cache of
+// its own that starts as the one uploaded, and on the step's inputs as the host wrote them.
+class Reference {
+public:
+    explicit Reference(const qwen3::Inputs& model) {
+        for (std::size_t row = 1; row <= decode::resident_count; ++row)
+            args_[decode::resident_arg(row)] = model.args[row];
+        for (std::size_t i : {decode::key_cache, decode::value_cache}) {
+            const auto* data = static_cast<const std::byte*>(args_[i].data);
+            cache_[i == decode::key_cache ? 0 : 1].assign(data, data + args_[i].bytes);
+            args_[i].data = cache_[i == decode::key_cache ? 0 : 1].data();
+        }
+        logits_.resize(decode::batch * decode::vocab);
+        args_[decode::logits] = devstage::TensorArg{logits_.data(), decode::logits_bytes};
+    }
+
+    // Runs step `step` on the inputs of `slot` and compares its logits: empty when they are
+    // equal, else where they differ.
+    std::string check(int step, const Args& slot) {
+        for (std::size_t i = decode::tokens; i < decode::first_resident; ++i) args_[i] = slot[i];
+        if (!decode::step(decode::view(args_))) return "the host's own inputs are out of range";
+        const auto* got = static_cast<const float*>(slot[decode::logits].data);
+        const auto [at, expected] = std::mismatch(got, got + logits_.size(), logits_.data(),
+                                                  [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
+        if (at == got + logits_.size()) return {};
+        const auto index = static_cast<std::size_t>(at - got);
+        char text[160];
+        std::snprintf(text, sizeof text, "step %d: logit %zu of sequence %zu is %g, the host reference's %g", step + 1,
+                      index % decode::vocab, index / decode::vocab, static_cast<double>(*at),
+                      static_cast<double>(*expected));
+        return text;
+    }
+
+    // The reference's cache (key_cache or value_cache).
+    std::span<const std::byte> cache(std::size_t arg) const { return cache_[arg == decode::key_cache ? 0 : 1]; }
+
+private:
+    Args args_{};
+    std::array<std::vector<std::byte>, 2> cache_;
+    std::vector<float> logits_;
+};
+
+// Everything one backend's runs share: the model's host tensors (the caches prefilled), the
+// batch, and each pipeline slot's args, whose inputs and logits lie in host memory.
+struct Host {
+    const Options& options;
+    const qwen3::Inputs& model;
+    const decode::Batch& batch;
+    std::vector<Args>& slots;
+};
+
+// Keeps the first failure's description; false.
+bool fail(std::string& failure, const std::string& what) {
+    if (failure.empty()) failure = what;
+    return false;
+}
+// True when `status` is ok; else keeps what failed and returns false.
+bool succeeded(std::string& failure, const char* what, int step, const devstage::Status& status) {
+    if (status) return true;
+    return fail(failure, std::string(what) + " of step " + std::to_string(step + 1) + " failed: " + status.message());
+}
+
+// The device args of a run pass the resident tensors through untouched.
+bool passed_through(std::span<const devstage::TensorArg> device_args, const Args& args) {
+    for (std::size_t i = decode::first_resident; i < decode::logits; ++i) {
+        if (device_args[i].data != args[i].data || device_args[i].placement != devstage::Placement::Device)
+            return false;
+    }
     return true;
 }
 
-// One step at a time: bind (uploads done), the kernel, finish (copy-backs done).
-template <class Strategy, class B>
-bool run_sync(const qwen3::Inputs& inputs, int steps, B& backend, Report& report) {
+// The steps of one run, stream-ordered over the host's pipeline slots, or one at a time.
+// `check(step)` is called once step `step` completed, in step order; `record()` after every
+// step.
+template <class Strategy, class B, class Check, class Record>
+bool run_steps(const Host& host, B& backend, std::vector<Kernel<B>>& kernels, std::string& failure, Check check,
+               Record record) {
+    const std::size_t slots = host.slots.size();
+    if constexpr (devstage::AsyncBackend<B>) {
+        if (*host.options.async) {
+            auto stream = backend.create_stream();
+            if (!stream) return succeeded(failure, "create_stream", 0, stream.status());
+            std::optional<typename B::Event> bound;  // the host waits on it where the kernel runs on the host
+            if constexpr (!devstage::HostFunctionBackend<B>) {
+                auto event = backend.create_event();
+                if (!event) return succeeded(failure, "create_event", 0, event.status());
+                bound = *event;
+            }
+            bool ok = true;
+            {
+                devstage::Stager<B, Strategy> stager(backend, {}, slots);
+                std::vector<devstage::Completion> pending(slots);
+                record(stager);
+                // Waits for step `step`'s copy-backs and its kernel's status, then checks it.
+                const auto complete = [&](int step) {
+                    const std::size_t slot = static_cast<std::size_t>(step) % slots;
+                    return succeeded(failure, "copy-back", step, pending[slot].wait()) &&
+                           succeeded(failure, "kernel", step, kernels[slot].status()) && check(step);
+                };
+                for (int step = 0; ok && step < host.options.steps; ++step) {
+                    const std::size_t slot = static_cast<std::size_t>(step) % slots;
+                    host.batch.fill(step, host.slots[slot]);
+                    auto run = stager.bind(host.slots[slot], *stream);
+                    if (!(ok = succeeded(failure, "bind", step, run.status()))) break;
+                    if (!passed_through(run->device_args(), host.slots[slot])) {
+                        ok = fail(failure, "bind moved a Placement::Device arg");
+                        break;
+                    }
+                    Kernel<B>& kernel = kernels[slot];
+                    kernel.bind(run->device_args());
+                    devstage::Status launched;
+                    if constexpr (devstage::HostFunctionBackend<B>) {
+                        launched = backend.launch_host_func(*stream, &Kernel<B>::on_stream, &kernel);
+                    } else {
+                        launched = backend.record_event(*bound, *stream);
+                        if (launched) launched = backend.synchronize_event(*bound);
+                        if (launched) kernel.set_status(kernel.run());
+                    }
+                    auto done = stager.finish(std::move(*run), *stream, launched);
+                    if (!(ok = succeeded(failure, "kernel launch", step, launched) &&
+                               succeeded(failure, "finish", step, done.status()))) {
+                        break;
+                    }
+                    pending[slot] = std::move(*done);
+                    if (step > 0 && !(ok = complete(step - 1))) break;
+                    record(stager);
+                }
+                ok = ok && complete(host.options.steps - 1);
+                for (auto& completion : pending) (void)completion.wait();
+                if (auto released = stager.release(); !released) ok = fail(failure, released.message());
+            }
+            if (bound) (void)backend.destroy_event(*bound);
+            (void)backend.destroy_stream(*stream);
+            return ok;
+        }
+    }
     devstage::Stager<B, Strategy> stager(backend);
-    report.start = sample(backend, stager);
-    std::vector<double> times;
-    for (int step = 0; step < steps; ++step) {
-        const auto start = std::chrono::steady_clock::now();
-        auto run = stager.bind(inputs.args);
-        if (!run) return !failed("bind", step, run.status());
-        devstage::Status executed = Kernel(run->device_args(), step).run(backend);
+    record(stager);
+    for (int step = 0; step < host.options.steps; ++step) {
+        host.batch.fill(step, host.slots[0]);
+        auto run = stager.bind(host.slots[0]);
+        if (!succeeded(failure, "bind", step, run.status())) return false;
+        if (!passed_through(run->device_args(), host.slots[0]))
+            return fail(failure, "bind moved a Placement::Device arg");
+        kernels[0].bind(run->device_args());
+        devstage::Status executed = kernels[0].run();
         if constexpr (devstage::SynchronizingBackend<B>) {
             if (executed) executed = backend.synchronize();
         }
         const devstage::Status finished = stager.finish(std::move(*run), executed);
-        if (failed("kernel", step, executed) || failed("finish", step, finished)) return false;
-        times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-        if (step + 1 == report.warmup) report.warm = sample(backend, stager);
+        if (!succeeded(failure, "kernel", step, executed) || !succeeded(failure, "finish", step, finished) ||
+            !check(step)) {
+            return false;
+        }
+        record(stager);
     }
-    report.end = sample(backend, stager);
-    report.warmup_ms = times.front();
-    report.median_ms = median({times.begin() + report.warmup, times.end()});
-    if (auto released = stager.release(); !released) std::fprintf(stderr, "%s\n", released.message().c_str());
+    if (auto released = stager.release(); !released) return fail(failure, released.message());
     return true;
 }
 
-// Stream-ordered, two steps in flight: step k is bound, launched and finished on the stream,
-// then the host waits for step k-1. On a backend without host functions the kernel runs on
-// the host once the bind's uploads completed, and the copy-backs are enqueued after it.
+// One strategy's run: uploads the resident tensors, runs the steps, checks every step and the
+// caches at the end.
 template <class Strategy, class B>
-requires devstage::AsyncBackend<B>
-bool run_async(const qwen3::Inputs& inputs, int steps, B& backend, Report& report) {
-    constexpr std::size_t slots = 2;
-    report.warmup = slots;
-    auto stream = backend.create_stream();
-    if (failed("create_stream", 0, stream.status())) return false;
-    std::optional<typename B::Event> bound;  // the host waits on it where the kernel runs on the host
-    if constexpr (!devstage::HostFunctionBackend<B>) {
-        auto event = backend.create_event();
-        if (failed("create_event", 0, event.status())) return false;
-        bound = *event;
+bool run_strategy(const Host& host, B& backend, Report& report, std::string& failure) {
+    const std::uint64_t before_upload = modeled_ns(backend);
+    Resident<B> resident(backend, host.model);
+    if (!resident.status())
+        return fail(failure, "the upload of the resident tensors failed: " + resident.status().message());
+    report.resident_ns = modeled_ns(backend) - before_upload;
+    for (Args& args : host.slots) {
+        for (std::size_t row = 1; row <= decode::resident_count; ++row)
+            args[decode::resident_arg(row)] = resident.arg(host.model, row);
     }
-    bool ok = true;
+    Reference reference(host.model);
+    std::vector<Kernel<B>> kernels(host.slots.size(), Kernel<B>(backend));
+    report.warmup = static_cast<int>(host.slots.size());
+
+    std::vector<Sample> samples;
+    const auto check = [&](int step) {
+        const std::string wrong = reference.check(step, host.slots[static_cast<std::size_t>(step) % host.slots.size()]);
+        return wrong.empty() || fail(failure, wrong);
+    };
+    const auto record = [&](const auto& stager) { samples.push_back(sample(backend, stager)); };
+    if (!run_steps<Strategy>(host, backend, kernels, failure, check, record)) return false;
+
+    // samples[k] follows step k (samples[0] precedes the first).
+    const devstage::StagerStats& warm = samples[static_cast<std::size_t>(report.warmup)].stager;
+    report.warmup_mallocs = warm.device_mallocs - samples[0].stager.device_mallocs;
+    report.warmup_buffers = warm.regrows - samples[0].stager.regrows;
+    report.warmup_retries = warm.alignment_retries - samples[0].stager.alignment_retries;
+    for (std::size_t k = static_cast<std::size_t>(report.warmup) + 1; k < samples.size(); ++k) {
+        const devstage::StagerStats& a = samples[k - 1].stager;
+        const devstage::StagerStats& b = samples[k].stager;
+        report.mallocs.add(b.device_mallocs - a.device_mallocs);
+        report.frees.add(b.device_frees - a.device_frees);
+        report.copies_in.add(b.uploads - a.uploads);
+        report.copies_out.add(b.copy_backs - a.copy_backs);
+        report.modeled_ns.add(samples[k].modeled_ns - samples[k - 1].modeled_ns);
+        report.bounced.add(samples[k].bounced - samples[k - 1].bounced);
+    }
+
+    for (std::size_t i : {decode::key_cache, decode::value_cache}) {
+        const std::span<const std::byte> expected = reference.cache(i);
+        std::vector<std::byte> got(expected.size());
+        const devstage::TensorArg device = host.slots[0][i];
+        if (auto s = backend.copy_from_device(got.data(), device.data, device.bytes); !s) {
+            return fail(failure, "reading the KV cache back failed: " + s.message());
+        }
+        if (!std::equal(got.begin(), got.end(), expected.begin())) {
+            return fail(failure, std::string(i == decode::key_cache ? "key" : "value") +
+                                     " cache on the device differs from the host reference's at the end");
+        }
+    }
+    return true;
+}
+
+// The model's host tensors and the step buffers, in `storage`; then every strategy chosen.
+template <class B, class Storage>
+bool run_strategies(const Options& options, B& backend, Storage& storage, const Link* link,
+                    std::vector<Report>& reports, std::string& failure) {
+    const qwen3::Inputs model = qwen3::generate(storage, options.scale);
+    if (!model.ok()) return fail(failure, "could not allocate the model's host tensors");
+    const decode::Batch batch(decode::cache_blocks(options.scale), options.steps);
     {
-        devstage::Stager<B, Strategy> stager(backend, {}, slots);
-        std::array<KernelLaunch<B>, slots> launches{};
-        std::array<devstage::Completion, slots> pending{};
-        std::vector<double> times;
-        report.start = sample(backend, stager);
-        // Waits for step `step`'s copy-backs (and its kernel's status).
-        const auto complete = [&](int step) {
-            const devstage::Status done = pending[step % slots].wait();
-            return !failed("copy-back", step, done) && !failed("kernel", step, launches[step % slots].status);
-        };
-        for (int step = 0; ok && step < steps; ++step) {
-            const auto start = std::chrono::steady_clock::now();
-            auto run = stager.bind(inputs.args, *stream);
-            if (failed("bind", step, run.status())) {
-                ok = false;
-                break;
-            }
-            KernelLaunch<B>& launch = launches[step % slots];
-            launch = KernelLaunch<B>{&backend, Kernel(run->device_args(), step), {}};
-            devstage::Status launched;
-            if constexpr (devstage::HostFunctionBackend<B>) {
-                launched = backend.launch_host_func(*stream, &KernelLaunch<B>::run, &launch);
-            } else {
-                launched = backend.record_event(*bound, *stream);
-                if (launched) launched = backend.synchronize_event(*bound);
-                if (launched) launched = launch.kernel.run(backend);
-                if constexpr (devstage::SynchronizingBackend<B>) {
-                    if (launched) launched = backend.synchronize();
-                }
-            }
-            auto done = stager.finish(std::move(*run), *stream, launched);
-            if (failed("kernel launch", step, launched) || failed("finish", step, done.status())) {
-                ok = false;
-                break;
-            }
-            pending[step % slots] = std::move(*done);
-            if (step > 0 && !complete(step - 1)) {
-                ok = false;
-                break;
-            }
-            times.push_back(
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-            if (step + 1 == report.warmup) report.warm = sample(backend, stager);
+        Args host_args{};
+        for (std::size_t row = 1; row <= decode::resident_count; ++row)
+            host_args[decode::resident_arg(row)] = model.args[row];
+        batch.prefill(decode::view(host_args));
+    }
+    std::vector<Args> slots(*options.async ? 2 : 1);
+    for (Args& args : slots) {
+        for (std::size_t i = decode::tokens; i < decode::first_resident; ++i) {
+            const std::span<std::byte> memory = storage.allocate(decode::input_bytes[i]);
+            if (memory.empty()) return fail(failure, "could not allocate the step's host inputs");
+            args[i] = devstage::TensorArg::in(memory.data(), memory.size());
         }
-        report.end = sample(backend, stager);
-        ok = ok && complete(steps - 1);
-        if (ok) {
-            double warmup = 0;
-            for (int i = 0; i < report.warmup; ++i) warmup += times[static_cast<std::size_t>(i)];
-            report.warmup_ms = warmup / report.warmup;
-            report.median_ms = median({times.begin() + report.warmup, times.end()});
-        }
-        for (auto& completion : pending) (void)completion.wait();
-        if (auto released = stager.release(); !released) std::fprintf(stderr, "%s\n", released.message().c_str());
+        const std::span<std::byte> logits = storage.allocate(decode::logits_bytes);
+        if (logits.empty()) return fail(failure, "could not allocate the step's host logits");
+        args[decode::logits] = devstage::TensorArg::out(logits.data(), logits.size());
     }
-    if (bound) (void)backend.destroy_event(*bound);
-    (void)backend.destroy_stream(*stream);
-    return ok;
-}
+    const Host host{options, model, batch, slots};
 
-template <class Strategy, class Storage, class B>
-bool run(const Options& options, Storage& storage, B& backend, Report& report) {
-    const qwen3::Inputs inputs = qwen3::generate(storage, options.scale);
-    if (!inputs.ok()) {
-        std::fprintf(stderr, "decode_loop: could not allocate the input set\n");
-        return false;
-    }
-    report.link_known = std::is_same_v<B, devstage::SimBackend>;
-    if constexpr (devstage::AsyncBackend<B>) {
-        if (*options.async) return run_async<Strategy>(inputs, options.steps, backend, report);
-    }
-    return run_sync<Strategy>(inputs, options.steps, backend, report);
-}
-
-// The steady state: every column is a mean over the steps after the warm-up (a median for
-// the wall time).
-void print_steady(const Report& r, int steps) {
-    const double n = steps - r.warmup;
-    const auto& a = r.warm.stager;
-    const auto& b = r.end.stager;
-    const auto per = [n](std::uint64_t later, std::uint64_t earlier) {
-        return static_cast<double>(later - earlier) / n;
-    };
-    char bounced[16] = "n/a", link[16] = "n/a";
-    if (r.link_known) {
-        std::snprintf(bounced, sizeof bounced, "%.1f", per(r.end.bounced, r.warm.bounced) / 1e6);
-        std::snprintf(link, sizeof link, "%.0f", per(r.end.modeled_ns, r.warm.modeled_ns) / 1e3);
-    }
-    std::printf("%-20s %8.2f %7.1f %8s %7.1f %7.1f %8s %8.1f %7.1f %6.1f\n", r.label, r.median_ms,
-                per(b.uploads + b.copy_backs, a.uploads + a.copy_backs), link,
-                per(b.bytes_to_device, a.bytes_to_device) / 1e6, per(b.bytes_from_device, a.bytes_from_device) / 1e6,
-                bounced, per(b.device_mallocs, a.device_mallocs), per(b.device_frees, a.device_frees),
-                per(b.host_waits, a.host_waits));
-}
-
-// The warm-up steps: each pipeline slot's first, which allocates what later steps reuse.
-void print_warmup(const Report& r) {
-    const auto& a = r.start.stager;
-    const auto& b = r.warm.stager;
-    const auto per = [&r](std::uint64_t later, std::uint64_t earlier) {
-        return static_cast<double>(later - earlier) / r.warmup;
-    };
-    std::printf("%-20s %8.2f %8.1f %7.1f %8.1f %8.1f\n", r.label, r.warmup_ms, per(b.device_mallocs, a.device_mallocs),
-                per(b.regrows, a.regrows), static_cast<double>(b.retained_bytes) / 1e6,
-                static_cast<double>(b.mirror_bytes) / 1e6);
-}
-
-bool parse(int argc, char** argv, Options& o) {
-    for (int i = 1; i < argc; ++i) {
-        const std::string_view arg = argv[i];
-        const bool has_value = i + 1 < argc;
-        if (arg == "--steps" && has_value)
-            o.steps = std::atoi(argv[++i]);
-        else if (arg == "--scale" && has_value)
-            o.scale = std::atof(argv[++i]);
-        else if (arg == "--strategy" && has_value)
-            o.strategy = argv[++i];
-        else if (arg == "--backend" && has_value)
-            o.backend = argv[++i];
-        else if (arg == "--async")
-            o.async = true;
-        else if (arg == "--sync")
-            o.async = false;
-        else if (arg == "--pageable")
-            o.pageable = true;
-        else
-            return false;
-    }
-    return o.scale > 0 && o.scale <= 1 &&
-           (o.strategy == "all" || o.strategy == "both" || o.strategy == "retained" || o.strategy == "per-tensor" ||
-            o.strategy == "packed");
-}
-
-}  // namespace
-
-template <class B>
-int decode(Options options, B& backend) {
-    if (!options.async) options.async = devstage::AsyncBackend<B>;
-    if (*options.async && !devstage::AsyncBackend<B>) {
-        std::fprintf(stderr, "decode_loop: backend '%s' has no streams: use --sync\n",
-                     std::string(backend.name()).c_str());
-        return 2;
-    }
-    const int warmup = *options.async ? 2 : 1;
-    options.steps = std::max(options.steps, warmup + 1);
-    devstage::PinnedHostPool<B> pool(backend);
-    qwen3::PinnedStorage pinned(pool);
-    qwen3::PageableStorage pageable;
-
-    std::size_t step_bytes = 0, full_bytes = 0;
-    for (const qwen3::TensorSpec& spec : qwen3::table()) {
-        step_bytes += spec.bytes_at(options.scale);
-        full_bytes += spec.bytes_at(1.0);
-    }
-    std::printf(
-        "devstage decode loop: %d steps on backend '%s', Qwen3-14B decode shapes x %.4g (%.1f MB per step,\n"
-        "  %.1f GB unscaled), inputs in %s memory\n",
-        options.steps, std::string(backend.name()).c_str(), options.scale, static_cast<double>(step_bytes) / 1e6,
-        static_cast<double>(full_bytes) / 1e9, options.pageable ? "pageable" : "pinned");
-    std::printf(
-        "x %.4g: the %zu tensors keep their shape, except that those stacked over the 40 layers (weights,\n"
-        "  norms, KV cache) and the RoPE tables keep %.4g of their rows\n",
-        options.scale, qwen3::tensor_count, options.scale);
-    if (*options.async) {
-        std::printf(
-            "stream-ordered: each step is bound, launched (%s)\n"
-            "  and finished on one stream over 2 pipeline slots; the host waits for step k only after step\n"
-            "  k+1 is bound (--sync: one step at a time)\n",
-            devstage::HostFunctionBackend<B>
-                ? "a host function on the stream"
-                : "a synchronous kernel once the bind's uploads\n  completed: a wait the waits column does not count");
-    } else {
-        std::printf("synchronous: each step is bound, run and finished before the next (--async: pipelined)\n");
-    }
-
-    std::vector<Report> reports;
     const auto go = [&](auto strategy_tag, const char* label) {
         using Strategy = decltype(strategy_tag);
         Report report;
-        report.label = label;
-        const bool ok = options.pageable ? run<Strategy>(options, pageable, backend, report)
-                                         : run<Strategy>(options, pinned, backend, report);
-        if (ok) reports.push_back(report);
-        return ok;
+        report.link = link;
+        report.strategy = label;
+        if (link != nullptr) {
+            const devstage::SimLinkModel& m = link->model;
+            const std::size_t in =
+                decode::input_bytes[0] + decode::input_bytes[1] + decode::input_bytes[2] + decode::input_bytes[3];
+            report.limit_ns =
+                options.pageable
+                    ? m.to_device_pageable.nanoseconds(in) + m.from_device_pageable.nanoseconds(decode::logits_bytes)
+                    : m.to_device_pinned.nanoseconds(in) + m.from_device_pinned.nanoseconds(decode::logits_bytes);
+        }
+        if (!run_strategy<Strategy>(host, backend, report, failure)) {
+            failure = std::string(label) + (link != nullptr ? std::string(" on the ") + link->name + " link" : "") +
+                      ", " + failure;
+            return false;
+        }
+        reports.push_back(report);
+        return true;
     };
     const std::string& s = options.strategy;
     bool ok = true;
     if (s == "all" || s == "both" || s == "per-tensor") ok = ok && go(devstage::PerTensorMalloc<>{}, "PerTensorMalloc");
     if (s == "all" || s == "both" || s == "retained") ok = ok && go(devstage::RetainedBump<>{}, "RetainedBump");
     if (s == "all" || s == "packed") ok = ok && go(PackedBump{}, "RetainedBump+pack");
-    if (!ok) return 1;
+    return ok;
+}
 
-    char steady[32], first[32];
-    std::snprintf(steady, sizeof steady, "steps %d-%d, per step", warmup + 1, options.steps);
-    std::snprintf(first, sizeof first, warmup == 1 ? "warm-up: step 1" : "warm-up: steps 1-%d", warmup);
-    std::printf("\n%-20s %8s %7s %8s %7s %7s %8s %8s %7s %6s\n", steady, "wall ms", "copies", "link us", "MB in",
-                "MB out", "bounced", "mallocs", "frees", "waits");
-    for (const Report& r : reports) print_steady(r, options.steps);
-    std::printf("\n%-20s %8s %8s %7s %8s %8s\n", first, "wall ms", "mallocs", "grows", "held MB", "mirror");
-    for (const Report& r : reports) print_warmup(r);
-
-    std::printf(
-        "\nPer step: wall ms is the median (a mean over the warm-up); copies are copy calls (a packed copy\n"
-        "  counts once); link us is what they would cost on the modeled link; MB in and out are the bytes\n"
-        "  uploaded and copied back; bounced the MB staged through the driver's bounce buffer (pageable\n"
-        "  memory); mallocs, frees and grows are device allocations; waits are the times the host blocked on a\n"
-        "  device event (Completion::wait included). Held MB and mirror: device and pinned MB held after it.\n"
-        "RetainedBump+pack is RetainedBump<ExactGrowth, 1024, PackSmall<16384>>: the small inputs go up in\n"
-        "  one copy through a pinned mirror.\n"
-        "The warm-up of RetainedBump grows its buffer (one per pipeline slot): a fresh allocation whose pages\n"
-        "  fault in as the first uploads touch them, the cost PerTensorMalloc pays on every step, so that\n"
-        "  step is as slow as a PerTensorMalloc step, or slower; later steps reuse the buffer.\n");
-    if (reports.front().link_known) {
-        const devstage::SimLinkCost pinned_link = devstage::SimLinkModel{}.to_device_pinned;
-        std::printf(
-            "The simulator keeps device memory in this machine's RAM and copies with memcpy: wall times and\n"
-            "  their ratios measure this machine's memory system (page faults, memcpy), not a device. Link us is\n"
-            "  the simulator's link model (SimConfig::link, summed in SimStats::modeled_ns), from measurements on\n"
-            "  an H200: %.1f us per copy plus bytes at %.1f GB/s from pinned memory, %.2f GB/s from pageable.\n"
-            "  Nothing sleeps: the model only adds up what each copy would cost.\n",
-            static_cast<double>(pinned_link.latency_ns) / 1e3, static_cast<double>(pinned_link.bytes_per_second) / 1e9,
-            static_cast<double>(devstage::SimLinkModel{}.to_device_pageable.bytes_per_second) / 1e9);
+template <class B>
+bool run_backend(const Options& options, B& backend, const Link* link, std::vector<Report>& reports,
+                 std::string& failure) {
+    if (options.pageable) {
+        qwen3::PageableStorage pageable;
+        return run_strategies(options, backend, pageable, link, reports, failure);
     }
-    const auto find = [&](std::string_view label) -> const Report* {
+    devstage::PinnedHostPool<B> pool(backend);
+    qwen3::PinnedStorage pinned(pool);
+    return run_strategies(options, backend, pinned, link, reports, failure);
+}
+
+std::string per_step(const PerStep& p, double scale = 1) {
+    const auto round = [scale](std::uint64_t v) {
+        return std::to_string(std::llround(static_cast<double>(v) / scale));
+    };
+    if (round(p.low) == round(p.high)) return round(p.low);
+    return round(p.low) + "-" + round(p.high);
+}
+std::string us(std::uint64_t ns) {
+    return std::to_string(std::llround(static_cast<double>(ns) / 1e3));
+}
+
+void print_header(const Options& options, const char* backend, bool host_functions) {
+    std::size_t resident = 0, full = 0;
+    const auto specs = qwen3::table();
+    for (std::size_t row = 1; row <= decode::resident_count; ++row) {
+        resident += specs[row].bytes_at(options.scale);
+        full += specs[row].bytes_at(1.0);
+    }
+    const char* mode =
+        !*options.async ? "one step at a time\n  (bind, the kernel stand-in, finish)"
+        : host_functions
+            ? "stream-ordered\n  over 2 pipeline slots; the kernel stand-in is a host function on the stream"
+            : "stream-ordered\n  over 2 pipeline slots; the kernel stand-in runs on the host, through copies of "
+              "its own,\n  once a step's uploads completed";
+    std::printf("devstage decode loop: %d steps of a Qwen3-14B-shaped decode (batch %zu) on %s, %s\n", options.steps,
+                decode::batch, backend, mode);
+    std::printf(
+        "On the device, uploaded once and passed to every step as Placement::Device args: the weights, RoPE\n"
+        "  tables and KV cache, 14 tensors, %.1f MB (their rows x %.4g; %.1f GB unscaled);\n"
+        "  the cache holds %zu blocks of %zu tokens\n",
+        static_cast<double>(resident) / 1e6, options.scale, static_cast<double>(full) / 1e9,
+        decode::cache_blocks(options.scale), decode::block_size);
+    std::printf(
+        "Per step, in %s host memory: in 4 tensors, %zu B (tokens, positions, block table, temperatures);\n"
+        "  out the logits, %zu x %zu fp32, %zu B\n",
+        options.pageable ? "pageable" : "pinned",
+        decode::input_bytes[0] + decode::input_bytes[1] + decode::input_bytes[2] + decode::input_bytes[3],
+        decode::batch, decode::vocab, decode::logits_bytes);
+    std::printf(
+        "Each step writes every sequence's new key and value into the cache and computes its logits from the\n"
+        "  cache and the weights; the host checks them against the same arithmetic on its own copies\n");
+    std::fflush(stdout);
+}
+
+void print_summary(const Options& options, const std::vector<Report>& reports) {
+    const int warmup = reports.front().warmup;
+    char title[40];
+    if (warmup + 1 == options.steps) {
+        std::snprintf(title, sizeof title, "per step, step %d", options.steps);
+    } else {
+        std::snprintf(title, sizeof title, "per step, steps %d-%d", warmup + 1, options.steps);
+    }
+    std::printf("\n%-24s %14s %6s %10s %11s %11s %9s\n", title, "device mallocs", "frees", "copies in", "copies out",
+                "modeled us", "limit us");
+    const Link* section = nullptr;
+    for (const Report& r : reports) {
+        if (r.link != nullptr && r.link != section) {
+            section = r.link;
+            std::printf("%s link (SimLinkModel::%s())\n", r.link->name, r.link->preset);
+        }
+        const bool modeled = r.link != nullptr;
+        std::printf("  %-22s %14s %6s %10s %11s %11s %9s\n", r.strategy, per_step(r.mallocs).c_str(),
+                    per_step(r.frees).c_str(), per_step(r.copies_in).c_str(), per_step(r.copies_out).c_str(),
+                    modeled ? per_step(r.modeled_ns, 1e3).c_str() : "-", modeled ? us(r.limit_ns).c_str() : "-");
+    }
+    if (reports.front().link != nullptr) {
+        std::printf(
+            "Bounced per step (staged through the simulator's bounce buffer, as a driver stages pageable\n  memory):");
         for (const Report& r : reports) {
-            if (label == r.label) return &r;
+            if (r.link == reports.front().link) {
+                std::printf("%s %s B for %s", &r == &reports.front() ? "" : ",", per_step(r.bounced).c_str(),
+                            r.strategy);
+            }
+        }
+        std::printf(".\n");
+        std::printf(
+            "\nModeled us: what the step's copies would cost on the link (SimStats::modeled_ns; nothing sleeps);\n"
+            "  the limit is one copy each way of the step's bytes. The wall time is not shown: the simulator's\n"
+            "  device memory is this machine's RAM.\n");
+    } else {
+        std::printf(
+            "\nThe copies are the stager's; the kernel stand-in's own copies (it cannot read device memory from\n"
+            "  the host) are not counted, and the link is not modeled.\n");
+    }
+
+    const auto find = [&](std::string_view strategy, const Link* link) -> const Report* {
+        for (const Report& r : reports) {
+            if (strategy == r.strategy && r.link == link) return &r;
         }
         return nullptr;
     };
-    const Report* per_tensor = find("PerTensorMalloc");
-    const Report* retained = find("RetainedBump");
-    if (per_tensor != nullptr && retained != nullptr && retained->median_ms > 0) {
-        std::printf("speed-up of RetainedBump over PerTensorMalloc (median step): %.2fx on this machine",
-                    per_tensor->median_ms / retained->median_ms);
-        if (retained->link_known) {
-            const auto link = [&](const Report& r) {
-                return static_cast<double>(r.end.modeled_ns - r.warm.modeled_ns);
-            };
-            std::printf(", %.2fx on the modeled link", link(*per_tensor) / link(*retained));
+    std::vector<const Link*> links;
+    for (const Report& r : reports) {
+        if (std::find(links.begin(), links.end(), r.link) == links.end()) links.push_back(r.link);
+    }
+    const Report* per_tensor = find("PerTensorMalloc", links.front());
+    const Report* retained = find("RetainedBump", links.front());
+    const Report* packed = find("RetainedBump+pack", links.front());
+    if (per_tensor != nullptr && retained != nullptr) {
+        const bool one_slot = retained->warmup == 1;
+        std::string first = std::to_string(retained->warmup_mallocs) + " device malloc" +
+                            (retained->warmup_mallocs == 1 ? "" : "s") +
+                            (one_slot ? ", for its buffer" : ", for a buffer per pipeline slot");
+        if (retained->warmup_retries > 0) {
+            first += "; " + std::to_string(retained->warmup_retries) + " came back misaligned and " +
+                     (retained->warmup_retries == 1 ? "was" : "were") + " freed";
         }
-        std::printf("\n");
+        std::printf(
+            "RetainedBump makes %s device mallocs and %s frees per step, PerTensorMalloc %s and %s (one per staged\n"
+            "  tensor). RetainedBump allocated in its first %s only, what later steps reuse:\n"
+            "  %s.\n%s",
+            per_step(retained->mallocs).c_str(), per_step(retained->frees).c_str(),
+            per_step(per_tensor->mallocs).c_str(), per_step(per_tensor->frees).c_str(),
+            one_slot ? "step" : (std::to_string(retained->warmup) + " steps").c_str(), first.c_str(),
+            retained->link != nullptr
+                ? "  The link model does not time allocations: neither preset has a measured figure for them.\n"
+                : "");
     }
-    const Report* packed = find("RetainedBump+pack");
     if (packed != nullptr && retained != nullptr) {
-        const auto copies = [&](const Report& r) {
-            const auto& a = r.warm.stager;
-            const auto& b = r.end.stager;
-            return static_cast<double>(b.uploads + b.copy_backs - a.uploads - a.copy_backs) / (options.steps - warmup);
-        };
-        std::printf("packing the small tensors: %.1f copies per step instead of %.1f\n", copies(*packed),
-                    copies(*retained));
+        std::printf("RetainedBump+pack (PackSmall<16384>): the 4 inputs in one copy, %s copies per step instead of %s",
+                    std::to_string(packed->copies_in.high + packed->copies_out.high).c_str(),
+                    std::to_string(retained->copies_in.high + retained->copies_out.high).c_str());
+        for (const Link* link : links) {
+            const Report* p = find("RetainedBump+pack", link);
+            const Report* r = find("RetainedBump", link);
+            if (link == nullptr || p == nullptr || r == nullptr) continue;
+            std::printf(";\n  %s us instead of %s on the %s link (the limit: %s us)",
+                        per_step(p->modeled_ns, 1e3).c_str(), per_step(r->modeled_ns, 1e3).c_str(), link->name,
+                        us(p->limit_ns).c_str());
+        }
+        std::printf(".\n");
     }
+    if (links.front() != nullptr) {
+        std::printf("Uploading the 14 resident tensors every step instead would add 14 copies to each step, and\n ");
+        for (const Link* link : links) {
+            std::printf("%s %s us on the %s link", link == links.front() ? "" : ",",
+                        us(find(reports.front().strategy, link)->resident_ns).c_str(), link->name);
+        }
+        std::printf(".\n");
+    }
+}
+
+std::string parse(int argc, char** argv, Options& o) {
+    const auto one_of = [](std::string_view value, std::initializer_list<std::string_view> choices) {
+        return std::find(choices.begin(), choices.end(), value) != choices.end();
+    };
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--async" || arg == "--sync") {
+            o.async = arg == "--async";
+            continue;
+        }
+        if (arg == "--pageable") {
+            o.pageable = true;
+            continue;
+        }
+        if (!one_of(arg, {"--steps", "--scale", "--strategy", "--backend", "--link"}))
+            return "unknown option '" + std::string(arg) + "'";
+        if (i + 1 == argc) return std::string(arg) + " needs a value";
+        const std::string value = argv[++i];
+        const char* end = value.data() + value.size();
+        if (arg == "--steps") {
+            const auto [rest, error] = std::from_chars(value.data(), end, o.steps);
+            if (error != std::errc{} || rest != end || o.steps < 3 || o.steps > 100000)
+                return "--steps takes a whole number from 3 to 100000, not '" + value + "'";
+        } else if (arg == "--scale") {
+            char* rest = nullptr;
+            o.scale = std::strtod(value.c_str(), &rest);
+            if (value.empty() || rest != end || !(o.scale > 0 && o.scale <= 1))
+                return "--scale takes a number above 0 and at most 1, not '" + value + "'";
+        } else if (arg == "--strategy") {
+            if (!one_of(value, {"all", "both", "retained", "per-tensor", "packed"}))
+                return "--strategy is all, both, retained, per-tensor or packed, not '" + value + "'";
+            o.strategy = value;
+        } else if (arg == "--backend") {
+            if (!one_of(value, {"sim", "ascend"})) return "--backend is sim or ascend, not '" + value + "'";
+            o.backend = value;
+        } else {
+            if (!one_of(value, {"both", "h200", "ascend"}))
+                return "--link is both, h200 or ascend, not '" + value + "'";
+            o.link = value;
+        }
+    }
+    if (o.link && o.backend != "sim")
+        return "--link chooses the simulator's link model; --backend " + o.backend + " has a real link";
+    return {};
+}
+
+int conclude(const Options& options, const std::vector<Report>& reports, bool ok, const std::string& failure) {
+    if (!ok) {
+        std::printf("\nFAIL: %s\n", failure.c_str());
+        return 1;
+    }
+    print_summary(options, reports);
+    std::printf(
+        "\nPASS: %zu runs of %d steps; every step's logits equal the host reference's, and each run's KV cache\n"
+        "  holds the %zu rows the prompts and steps wrote, as the reference's does\n",
+        reports.size(), options.steps, decode::Batch::rows_written(options.steps));
     return 0;
 }
 
+// Resolves --async against what the backend can do; false (having said why) on misuse.
+template <class B>
+bool resolve_async(Options& options, std::string_view backend) {
+    if (!options.async) options.async = devstage::AsyncBackend<B>;
+    if (*options.async && !devstage::AsyncBackend<B>) {
+        std::fprintf(stderr, "decode_loop: backend '%s' has no streams: use --sync\n", std::string(backend).c_str());
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     Options options;
-    if (!parse(argc, argv, options)) {
-        std::fprintf(stderr,
-                     "usage: decode_loop [--steps N] [--scale 0<S<=1] "
-                     "[--strategy all|both|retained|per-tensor|packed] [--async|--sync] [--pageable] "
-                     "[--backend sim|ascend]\n");
+    for (int i = 1; i < argc; ++i) {
+        if (std::string_view(argv[i]) == "--help") {
+            std::printf(
+                "usage: decode_loop [options]: a checked decode loop of a Qwen3-14B-shaped model, per strategy\n"
+                "  --steps N         decode steps of each run, 3 to 100000 (default 30)\n"
+                "  --scale S         the rows the stacked layers and RoPE tables keep, 0 < S <= 1 (default 0.002)\n"
+                "  --strategy NAME   all (the default), both (PerTensorMalloc and RetainedBump), retained,\n"
+                "                    per-tensor or packed (RetainedBump with PackSmall)\n"
+                "  --async, --sync   stream-ordered over 2 pipeline slots (the default where the backend has\n"
+                "                    streams), or one step at a time\n"
+                "  --pageable        the step's inputs and logits in pageable host memory (default: pinned)\n"
+                "  --backend NAME    sim (the default) or ascend: Ascend device 0 through CANN ACL\n"
+                "                    (libascendcl.so, or $DEVSTAGE_ACL_LIBRARY)\n"
+                "  --link NAME       the simulator's link models: both (the default), h200 or ascend\n"
+                "Exit status: 0 on PASS, 1 on FAIL or a backend error, 2 on a bad option.\n");
+            return 0;
+        }
+    }
+    if (const std::string wrong = parse(argc, argv, options); !wrong.empty()) {
+        std::fprintf(stderr, "decode_loop: %s (--help lists the options)\n", wrong.c_str());
         return 2;
     }
+    if (const std::string wrong = decode::Batch::fits(decode::cache_blocks(options.scale), options.steps);
+        !wrong.empty()) {
+        std::fprintf(stderr, "decode_loop: at --scale %g, %s\n", options.scale, wrong.c_str());
+        return 2;
+    }
+    std::vector<Report> reports;
+    std::string failure;
     if (options.backend == "ascend") {
         auto npu = devstage::AscendBackend::create(0);
         if (!npu) {
             std::fprintf(stderr, "decode_loop: %s\n", npu.status().message().c_str());
             return 1;
         }
-        return decode(options, *npu);
+        if (!resolve_async<devstage::AscendBackend>(options, npu->name())) return 2;
+        print_header(options, "an Ascend device", devstage::HostFunctionBackend<devstage::AscendBackend>);
+        const bool ok = run_backend(options, *npu, nullptr, reports, failure);
+        return conclude(options, reports, ok, failure);
     }
-    if (options.backend != "sim") {
-        std::fprintf(stderr, "decode_loop: unknown backend '%s' (sim or ascend)\n", options.backend.c_str());
-        return 2;
+    if (!resolve_async<devstage::SimBackend>(options, "sim")) return 2;
+    print_header(options, "the simulator", devstage::HostFunctionBackend<devstage::SimBackend>);
+    const std::array<Link, 2> presets{
+        {{"h200", "H200", "h200", devstage::SimLinkModel::h200()},
+         {"ascend", "Ascend a2a3", "ascend_a2a3", devstage::SimLinkModel::ascend_a2a3()}}};
+    const std::string link = options.link.value_or("both");
+    bool ok = true;
+    for (const Link& preset : presets) {
+        if (link != "both" && link != preset.option) continue;
+        // One simulator per link model: the model is fixed at construction.
+        devstage::SimBackend sim(devstage::SimConfig{.link = preset.model});
+        ok = ok && run_backend(options, sim, &preset, reports, failure);
     }
-    devstage::SimBackend sim;
-    return decode(options, sim);
+    return conclude(options, reports, ok, failure);
 }

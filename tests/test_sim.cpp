@@ -203,6 +203,43 @@ TEST_CASE("sim: the default link model reproduces the measured H200 decode step"
     CHECK(modeled(true) + host_wait == Approx(19400).margin(100));
 }
 
+TEST_CASE("sim: the H200 preset is the default link model", "[sim][link]") {
+    constexpr devstage::SimLinkModel h200 = devstage::SimLinkModel::h200();
+    const devstage::SimLinkModel defaults{};
+    const auto same = [](const devstage::SimLinkCost& a, const devstage::SimLinkCost& b) {
+        return a.latency_ns == b.latency_ns && a.bytes_per_second == b.bytes_per_second;
+    };
+    CHECK(same(h200.to_device_pinned, defaults.to_device_pinned));
+    CHECK(same(h200.from_device_pinned, defaults.from_device_pinned));
+    CHECK(same(h200.to_device_pageable, defaults.to_device_pageable));
+    CHECK(same(h200.from_device_pageable, defaults.from_device_pageable));
+    CHECK(same(SimConfig{}.link.to_device_pinned, h200.to_device_pinned));
+}
+
+TEST_CASE("sim: the Ascend a2a3 preset reproduces the copies it was derived from", "[sim][link]") {
+    constexpr devstage::SimLinkModel ascend = devstage::SimLinkModel::ascend_a2a3();
+    // Synchronous pageable H2D: 632 B in 35-39 us, 233,799 B in 67-68 us (the line passes
+    // through both minima).
+    CHECK(ascend.to_device_pageable.nanoseconds(632) == Approx(35'000).margin(100));
+    CHECK(ascend.to_device_pageable.nanoseconds(233'799) == Approx(67'000).margin(100));
+    // Pinned H2D: 19 tensors of 40,859,999,040 B in all in 721.6-747.7 ms.
+    constexpr std::size_t total = 40'859'999'040, tensors = 19;
+    const double pinned = 19.0 * static_cast<double>(ascend.to_device_pinned.nanoseconds(total / tensors));
+    CHECK(pinned > 721.6e6);
+    CHECK(pinned < 747.7e6);
+    // Each way from the device costs what the same copy to it does.
+    CHECK(ascend.from_device_pinned.nanoseconds(4096) == ascend.to_device_pinned.nanoseconds(4096));
+    CHECK(ascend.from_device_pageable.nanoseconds(4096) == ascend.to_device_pageable.nanoseconds(4096));
+
+    // A SimBackend built with it counts those costs.
+    SimBackend sim(SimConfig{.link = ascend});
+    std::byte* device = device_bytes(sim, 632);
+    std::vector<std::byte> pageable(632);
+    REQUIRE(sim.copy_to_device(device, pageable.data(), 632).ok());
+    CHECK(sim.stats().modeled_ns == ascend.to_device_pageable.nanoseconds(632));
+    REQUIRE(sim.device_free(device).ok());
+}
+
 TEST_CASE("sim: async copies are counted apart, and pageable ones as blocking", "[sim]") {
     SimBackend sim;
     constexpr std::size_t bytes = 1000;
