@@ -324,3 +324,104 @@ TEMPLATE_LIST_TEST_CASE("async staging: abandon forgets pending work; watched Co
     REQUIRE(clean->wait().ok());
     CHECK(devstage::test::same_bytes(again.buffers, expected));
 }
+
+TEMPLATE_LIST_TEST_CASE("async staging: a kernel on a compute stream runs after the uploads on the copy stream",
+                        "[async][staging][streams]", AsyncStagingBackends) {
+    using namespace async_staging;
+    auto backend = test::make_backend<TestType>();
+    Streams<TestType> streams(*backend);  // one: uploads and copy-backs; two: the kernel
+    const auto check = [&](auto strategy) {
+        Stager<TestType, decltype(strategy)> stager(*backend, decltype(strategy){}, 2);
+        for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+            CAPTURE(seed);
+            test::HostRun host = random_run(100 + seed);
+            const auto expected = reference(*backend, host);
+            Result<StagedRun> run = stager.bind(host.args, streams.one);
+            REQUIRE(run.ok());
+            const std::uint64_t waits = stager.stats().host_waits;
+            REQUIRE(stager.order_after_uploads(*run, streams.two).ok());
+            CHECK(stager.stats().host_waits == waits);                    // ordered on the device, not by the host
+            REQUIRE(stager.order_after_uploads(*run, streams.one).ok());  // the bind's stream: nothing to do
+            Kernel<TestType> kernel;
+            REQUIRE(kernel.launch(*backend, streams.two, run->device_args(), host.args).ok());
+            Result<Completion> done = stager.finish(std::move(*run), streams.two);
+            REQUIRE(done.ok());
+            REQUIRE(done->wait().ok());
+            REQUIRE(kernel.status.ok());
+            CHECK(devstage::test::same_bytes(host.buffers, expected));
+        }
+        // A run that is no longer live is refused, naming the call.
+        test::HostRun host = random_run(99);
+        Result<StagedRun> run = stager.bind(host.args, streams.one);
+        REQUIRE(run.ok());
+        StagedRun moved = std::move(*run);
+        const Status stale = stager.order_after_uploads(*run, streams.two);
+        CHECK(stale.code() == Errc::invalid_argument);
+        CHECK_THAT(stale.message(), Catch::Contains("order_after_uploads") && Catch::Contains("not live"));
+        Result<Completion> done = stager.finish(std::move(moved), streams.one);
+        REQUIRE(done.ok());
+        REQUIRE(done->wait().ok());
+    };
+    check(RetainedBump<>{});
+    check(PerTensorMalloc<>{});
+    check(Packed{});
+}
+
+TEMPLATE_LIST_TEST_CASE("async staging: device-resident tensors of a frame pass through; the kernel reads them",
+                        "[async][staging][frame]", AsyncStagingBackends) {
+    using namespace async_staging;
+    auto backend = test::make_backend<TestType>();
+    Streams<TestType> streams(*backend);
+    // Weights (In) and a KV cache (InOut) live on the device; the frame's run and the reference
+    // each get their own copy of the cache, which the kernel updates in place.
+    const std::size_t weight_bytes = 6000, cache_bytes = 5000;
+    test::DeviceBytes<TestType> weights(*backend, weight_bytes), cache(*backend, cache_bytes),
+        reference_cache(*backend, cache_bytes);
+    REQUIRE(backend->copy_to_device(weights.get(), test::pattern(weight_bytes, 7).data(), weight_bytes).ok());
+    Stager<TestType, Packed> stager(*backend, Packed{}, 2);
+    for (std::uint32_t step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        const std::vector<std::byte> start = test::pattern(cache_bytes, 20 + step);
+        REQUIRE(backend->copy_to_device(cache.get(), start.data(), cache_bytes).ok());
+        REQUIRE(backend->copy_to_device(reference_cache.get(), start.data(), cache_bytes).ok());
+        const TensorShape shapes[] = {{100, Direction::In},
+                                      {weight_bytes, Direction::In, weights.get()},
+                                      {3000, Direction::In},
+                                      {cache_bytes, Direction::InOut, cache.get()},
+                                      {2000, Direction::Out}};
+        auto frame = stager.frame(shapes);
+        REQUIRE(frame.ok());
+        CHECK(frame->host(1).empty());
+        CHECK(frame->host(3).empty());
+        test::HostRun host;  // the same run with ordinary host memory, for the reference
+        for (std::size_t i = 0; i < frame->size(); ++i) {
+            const TensorArg& arg = frame->args()[i];
+            if (arg.placement == Placement::Device) {
+                host.add_device(i == 1 ? weights.get() : reference_cache.get(), arg.bytes);
+                host.args.back().direction = arg.direction;
+                continue;
+            }
+            const auto bytes = test::pattern(arg.bytes, step * 10 + static_cast<std::uint32_t>(i));
+            std::copy(bytes.begin(), bytes.end(), frame->host(i).begin());
+            host.add(arg.bytes, arg.direction, step * 10 + static_cast<std::uint32_t>(i));
+        }
+        const auto expected = reference(*backend, host);
+        auto run = stager.bind(*frame, streams.one);
+        REQUIRE(run.ok());
+        CHECK(run->device_args()[1].data == weights.get());
+        CHECK(run->device_args()[3].data == cache.get());
+        CHECK(run->device_args()[3].placement == Placement::Device);
+        Kernel<TestType> kernel;
+        REQUIRE(kernel.launch(*backend, streams.one, run->device_args(), frame->args()).ok());
+        auto done = stager.finish(std::move(*run), streams.one);
+        REQUIRE(done.ok());
+        REQUIRE(done->wait().ok());
+        REQUIRE(kernel.status.ok());
+        for (const std::size_t i : {0, 2, 4}) CHECK(devstage::test::same_bytes(frame->host(i), expected[i]));
+        std::vector<std::byte> updated(cache_bytes), wanted(cache_bytes);
+        REQUIRE(backend->copy_from_device(updated.data(), cache.get(), cache_bytes).ok());
+        REQUIRE(backend->copy_from_device(wanted.data(), reference_cache.get(), cache_bytes).ok());
+        CHECK(devstage::test::same_bytes(updated, wanted));  // the kernel updated the cache in place
+    }
+    CHECK(stager.stats().mirror_copy_bytes == 0);
+}

@@ -433,3 +433,64 @@ TEMPLATE_TEST_CASE(
     REQUIRE(mock.destroy_stream(*stream).ok());  // runs the pending copies: into live memory
     CHECK(mock.misuses() == 0);
 }
+
+TEST_CASE("async stager: order_after_uploads also orders after the bind's waits for the slot's earlier work",
+          "[async][stager][deferred][streams]") {
+    // Run b has nothing to upload, but its bind waited for run a's copy-back from the same
+    // memory: a kernel on a third stream must come after that too, or a's output reads b's.
+    MockBackend mock(MockConfig{.deferred_async = true});
+    const auto first = test::make_stream(mock), second = test::make_stream(mock), compute = test::make_stream(mock);
+    Stager<MockBackend> stager(mock);
+    test::HostRun a, b;
+    a.add(64, Direction::In, 1);
+    a.add(4096, Direction::Out, 2);
+    b.add(4096, Direction::Out, 3);
+    const auto expected_a = reference(mock, a), expected_b = reference(mock, b);
+    Kernel<MockBackend> ka, kb;
+    Result<StagedRun> run_a = stager.bind(a.args, first);
+    REQUIRE(run_a.ok());
+    REQUIRE(ka.launch(mock, first, run_a->device_args(), a.args).ok());
+    REQUIRE(wait_stream(mock, first).ok());  // a's kernel ran; its copy-back is still to come
+    Result<Completion> done_a = stager.finish(std::move(*run_a), first);
+    REQUIRE(done_a.ok());
+    Result<StagedRun> run = stager.bind(b.args, second);
+    REQUIRE(run.ok());
+    REQUIRE(stager.order_after_uploads(*run, compute).ok());
+    REQUIRE(kb.launch(mock, compute, run->device_args(), b.args).ok());
+    Result<Completion> done_b = stager.finish(std::move(*run), compute);
+    REQUIRE(done_b.ok());
+    REQUIRE(done_b->wait().ok());
+    REQUIRE(done_a->wait().ok());
+    CHECK(devstage::test::same_bytes(a.buffers, expected_a));
+    CHECK(devstage::test::same_bytes(b.buffers, expected_b));
+    CHECK(mock.misuses() == 0);
+    for (const auto stream : {first, second, compute}) REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("async stager: order_after_uploads with a stream the backend does not know fails and keeps the run",
+          "[async][stager][streams][misuse]") {
+    MockBackend mock(MockConfig{.deferred_async = true}), other;
+    const auto stream = test::make_stream(mock);
+    std::vector<MockBackend::Stream> foreign;
+    for (int i = 0; i < 4; ++i) foreign.push_back(test::make_stream(other));  // ids the first mock never made
+    Stager<MockBackend> stager(mock);
+    test::HostRun host;
+    host.add(3000, Direction::In, 1);
+    host.add(2000, Direction::Out, 2);
+    const auto expected = reference(mock, host);
+    Result<StagedRun> run = stager.bind(host.args, stream);
+    REQUIRE(run.ok());
+    const Status refused = stager.order_after_uploads(*run, foreign.back());
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(refused.message(),
+               Catch::Contains("order_after_uploads") && Catch::Contains("slot 0") && Catch::Contains("mock"));
+    CHECK(run->live());
+    Kernel<MockBackend> kernel;
+    REQUIRE(kernel.launch(mock, stream, run->device_args(), host.args).ok());
+    Result<Completion> done = stager.finish(std::move(*run), stream);
+    REQUIRE(done.ok());
+    REQUIRE(done->wait().ok());
+    CHECK(devstage::test::same_bytes(host.buffers, expected));
+    REQUIRE(mock.destroy_stream(stream).ok());
+    for (const auto s : foreign) REQUIRE(other.destroy_stream(s).ok());
+}

@@ -132,8 +132,8 @@ TEST_CASE("frame: args pointing into the frame at sizes that no longer match are
     auto refused = stager.bind(resized);
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.status().code() == Errc::invalid_argument);
-    CHECK_THAT(refused.status().message(),
-               Catch::Contains("points into the unbound frame of slot 0") && Catch::Contains("no longer match"));
+    CHECK_THAT(refused.status().message(), Catch::Contains("points into the unbound frame of slot 0") &&
+                                               Catch::Contains("not that frame's own args()"));
     CHECK(stager.live_runs() == 0);
     // The frame itself still binds.
     auto run = stager.bind(frame->args());
@@ -245,4 +245,82 @@ TEST_CASE("frame: a stale frame is invalid_argument before the stager makes its 
     CHECK(stale.status().code() == Errc::invalid_argument);
     mock.clear_faults();
     REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+namespace {
+using PackedGeometric = RetainedBump<GeometricGrowth<3, 2>, 256, PackSmall<1024>>;
+
+// Each host tensor's offset in the mirror.
+std::vector<std::ptrdiff_t> host_offsets(const HostFrame& frame, const std::byte* mirror) {
+    std::vector<std::ptrdiff_t> offsets;
+    for (std::size_t i = 0; i < frame.size(); ++i) {
+        if (!frame.host(i).empty()) offsets.push_back(frame.host(i).data() - mirror);
+    }
+    return offsets;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("frame: a device-resident tensor is passed through and takes no mirror space", "[frame][device]",
+                   Packed, PackedGeometric) {
+    MockBackend mock;
+    std::vector<std::byte> weights_bytes = test::pattern(70000, 5);
+    Result<void*> weights = mock.device_malloc(weights_bytes.size());
+    Result<void*> cache = mock.device_malloc(9000);
+    REQUIRE(weights.ok());
+    REQUIRE(cache.ok());
+    REQUIRE(mock.copy_to_device(*weights, weights_bytes.data(), weights_bytes.size()).ok());
+    const TensorShape host_only[] = {{2048, Direction::In}, {64, Direction::In}, {4096, Direction::Out}};
+    const TensorShape with_device[] = {{2048, Direction::In},
+                                       {weights_bytes.size(), Direction::In, *weights},
+                                       {64, Direction::In},
+                                       {9000, Direction::InOut, *cache},
+                                       {4096, Direction::Out}};
+    Stager<MockBackend, TestType> plain(mock), stager(mock);
+    auto reference = plain.frame(host_only);
+    auto frame = stager.frame(with_device);
+    REQUIRE(reference.ok());
+    REQUIRE(frame.ok());
+    CHECK(frame->host(1).empty());
+    CHECK(frame->host(3).empty());
+    CHECK(frame->args()[1].placement == Placement::Device);
+    CHECK(frame->args()[1].data == *weights);
+    CHECK(host_offsets(*frame, stager.strategy().mirror()) == host_offsets(*reference, plain.strategy().mirror()));
+    CHECK(stager.strategy().mirror_capacity() == plain.strategy().mirror_capacity());
+    fill(*frame, 9);
+    const std::uint64_t uploads = mock.calls(MockOp::copy_to_device_async);
+    auto run = stager.bind(*frame);
+    REQUIRE(run.ok());
+    CHECK(mock.calls(MockOp::copy_to_device_async) - uploads == 1);  // the host tensors, in one copy
+    CHECK(run->device_args()[1].data == *weights);
+    CHECK(run->device_args()[3].data == *cache);
+    CHECK(run->leases().size() == 5);
+    CHECK(run->leases()[1].release_kind == ReleaseKind::ExternalNoop);
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    REQUIRE(stager.release().ok());
+    REQUIRE(plain.release().ok());
+    REQUIRE(mock.device_free(*weights).ok());
+    REQUIRE(mock.device_free(*cache).ok());
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: args added to a frame's args() are refused, naming TensorShape::device", "[frame][device][misuse]") {
+    MockBackend mock;
+    Result<void*> weights = mock.device_malloc(4096);
+    REQUIRE(weights.ok());
+    Stager<MockBackend, Packed> stager(mock);
+    const TensorShape shapes[] = {{2048, Direction::In}, {4096, Direction::Out}};
+    auto frame = stager.frame(shapes);
+    REQUIRE(frame.ok());
+    std::vector<TensorArg> extended(frame->args().begin(), frame->args().end());
+    extended.push_back(TensorArg{*weights, 4096, Direction::In, Placement::Device});
+    auto refused = stager.bind(extended);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == Errc::invalid_argument);
+    CHECK_THAT(refused.status().message(),
+               Catch::Contains("not that frame's own args()") && Catch::Contains("TensorShape::device"));
+    CHECK(stager.live_runs() == 0);
+    auto run = stager.bind(*frame);  // the frame itself still binds
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    REQUIRE(mock.device_free(*weights).ok());
 }

@@ -232,3 +232,63 @@ TEST_CASE("growth: GrowOrder::free_first frees the old buffer before allocating"
     CHECK(stager.strategy().order() == GrowOrder::free_first);
     REQUIRE(stager.finish(std::move(*run)).ok());
 }
+
+TEST_CASE("growth: once the backend misaligned an allocation, every later grow asks with the slack at once",
+          "[growth][alignment]") {
+    // The adversarial mock's pointers are 64- but never 1024-aligned: only the first grow of the
+    // stager pays the exact try (malloc, free); later grows, on any slot, cost one malloc each.
+    MockBackend mock(MockConfig::adversarial());
+    Stager<MockBackend, RetainedBump<>> stager(mock, RetainedBump<>{}, 2);
+    std::vector<std::byte> host(4096);
+    for (const std::size_t bytes : {std::size_t{1000}, std::size_t{2000}, std::size_t{4000}}) {
+        const TensorArg args[] = {{host.data(), bytes, Direction::In}};
+        auto run = stager.bind(args);
+        REQUIRE(run.ok());
+        CHECK(reinterpret_cast<std::uintptr_t>(run->device_args()[0].data) % 1024 == 0);
+        REQUIRE(stager.finish(std::move(*run)).ok());
+    }
+    // Three grows: at most four allocations, one retry.
+    CHECK(stager.stats().regrows == 3);
+    CHECK(stager.stats().device_mallocs == 4);
+    CHECK(stager.stats().alignment_retries == 1);
+    std::size_t frees = 0;  // the one misaligned exact try, given back
+    for (const auto& entry : mock.journal()) frees += entry.op == MockOp::device_free;
+    CHECK(frees == 1 + 1);  // the misaligned try, and slot 0's 1000-byte buffer replaced by its grow
+    REQUIRE(stager.release().ok());
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("growth: an aligning backend is never asked for the slack", "[growth][alignment]") {
+    MockBackend mock;  // page-aligned pointers: the exact size always fits
+    Stager<MockBackend, RetainedBump<>> stager(mock);
+    std::vector<std::byte> host(4096);
+    for (const std::size_t bytes : {std::size_t{1000}, std::size_t{2000}, std::size_t{4000}}) {
+        const TensorArg args[] = {{host.data(), bytes, Direction::In}};
+        auto run = stager.bind(args);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+    }
+    CHECK(stager.stats().device_mallocs == 3);
+    CHECK(stager.stats().alignment_retries == 0);
+    REQUIRE(stager.release().ok());
+}
+
+TEST_CASE("growth: the packed mirror retries alignment once per stager too", "[growth][alignment]") {
+    using Packed = RetainedBump<ExactGrowth, 1024, PackSmall<1024>>;
+    MockBackend mock(MockConfig::adversarial());
+    Stager<MockBackend, Packed> stager(mock);
+    std::vector<std::byte> host(4096);
+    for (const std::size_t count : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+        std::vector<TensorArg> args;
+        for (std::size_t i = 0; i < count; ++i) args.push_back({host.data() + 1024 * i, 1000, Direction::In});
+        auto run = stager.bind(args);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+    }
+    std::size_t pinned_mallocs = 0;
+    for (const auto& entry : mock.journal()) pinned_mallocs += entry.op == MockOp::pinned_malloc;
+    CHECK(stager.stats().mirror_alignment_retries == 1);
+    CHECK(pinned_mallocs == 4);  // three mirror grows: one exact try, then the slack every time
+    REQUIRE(stager.release().ok());
+    CHECK(mock.misuses() == 0);
+}

@@ -125,3 +125,15 @@ TEST_CASE("plan: with a packing limit, small args lead grouped In, InOut, Out", 
     CHECK(layout.copy_back_end == 3072 + 100);
     CHECK(plan->required_bytes() == 4096 + 5120);
 }
+
+TEST_CASE("plan: a Device arg with bytes and a null pointer is invalid_argument", "[plan]") {
+    std::array<std::byte, 8> host{};
+    const TensorArg args[] = {{host.data(), 8},
+                              {nullptr, 0, Direction::In, Placement::Device},
+                              {nullptr, 32, Direction::In, Placement::Device}};
+    auto plan = StagingPlan::build(args, 1024);
+    REQUIRE_FALSE(plan.ok());
+    CHECK(plan.status().code() == Errc::invalid_argument);
+    CHECK_THAT(plan.status().message(),
+               Catch::Contains("arg 2") && Catch::Contains("null device pointer") && Catch::Contains("32 bytes"));
+}

@@ -134,7 +134,14 @@ TEMPLATE_TEST_CASE("stager: a placement or direction outside its enum is refused
     CHECK(placement.status().code() == Errc::invalid_argument);
     CHECK_THAT(placement.status().message(),
                Catch::Contains("arg 1") && Catch::Contains("placement 7") && Catch::Contains("mock"));
+    bad.args[1].data = nullptr;  // a Device arg with bytes and no pointer
+    bad.args[1].placement = Placement::Device;
+    auto device = stager.bind(bad.args);
+    REQUIRE_FALSE(device.ok());
+    CHECK(device.status().code() == Errc::invalid_argument);
+    CHECK_THAT(device.status().message(), Catch::Contains("arg 1") && Catch::Contains("null device pointer"));
     bad.args[1].placement = Placement::Host;
+    bad.relink();
     bad.args[2].direction = static_cast<Direction>(9);  // a zero-byte arg: still refused
     auto direction = stager.bind(bad.args);
     REQUIRE_FALSE(direction.ok());

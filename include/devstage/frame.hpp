@@ -17,10 +17,14 @@ namespace devstage {
 template <Backend B, class Strategy>
 class Stager;
 
-/// The size and direction of one tensor of a frame.
+/// The size and direction of one tensor of a frame, and where it lives. `device` null: a host
+/// tensor, given mirror space in the frame. `device` set: a device-resident tensor (weights, a
+/// KV cache) passed through at its position in `device_args()`; it takes no mirror space and
+/// its `host(i)` is empty. `TensorShape{kv_bytes, Direction::InOut, kv_cache}`
 struct TensorShape {
     std::size_t bytes;
     Direction direction = Direction::InOut;
+    void* device = nullptr;
 };
 
 /// The mirror of one slot, laid out for a run. A view: it belongs to the caller from frame()
@@ -33,9 +37,10 @@ struct TensorShape {
 /// Completion is ready, and pass them as inputs to a later bind while it is held.
 class HostFrame {
 public:
-    /// Tensor i's bytes in the mirror; empty for a zero-byte tensor or an index out of range.
+    /// Tensor i's bytes in the mirror; empty for a zero-byte or device-resident tensor, or an
+    /// index out of range.
     std::span<std::byte> host(std::size_t i) const noexcept {
-        if (i >= args_.size() || args_[i].data == nullptr) return {};
+        if (i >= args_.size() || args_[i].data == nullptr || args_[i].placement == Placement::Device) return {};
         return {static_cast<std::byte*>(args_[i].data), args_[i].bytes};
     }
     /// The frame's args, in the order of the shapes: bind exactly this span.

@@ -51,7 +51,7 @@ struct StagingLayout {
 namespace detail {
 
 /// How one arg is treated, or why it is refused.
-enum class ArgCheck : std::uint8_t { skipped, external, staged, bad_placement, bad_direction, null_data };
+enum class ArgCheck : std::uint8_t { skipped, external, staged, bad_placement, bad_direction, null_data, null_device };
 
 /// The common case of check_arg in one test: a Host arg with a valid direction, bytes and data.
 constexpr bool is_staged(const TensorArg& arg) noexcept {
@@ -62,8 +62,8 @@ constexpr bool is_staged(const TensorArg& arg) noexcept {
 }
 
 /// The one predicate: zero bytes are skipped (any placement), Device args pass through, Host
-/// args with bytes are staged; an enumerator outside the enum or a null host pointer with
-/// bytes is refused.
+/// args with bytes are staged; an enumerator outside the enum or a null pointer (host or
+/// device) with bytes is refused.
 constexpr ArgCheck check_arg(const TensorArg& arg) noexcept {
     if (is_staged(arg)) [[likely]]
         return ArgCheck::staged;
@@ -74,8 +74,8 @@ constexpr ArgCheck check_arg(const TensorArg& arg) noexcept {
         return ArgCheck::bad_direction;
     }
     if (arg.bytes == 0) return ArgCheck::skipped;
+    if (arg.data == nullptr) return arg.placement == Placement::Device ? ArgCheck::null_device : ArgCheck::null_data;
     if (arg.placement == Placement::Device) return ArgCheck::external;
-    if (arg.data == nullptr) return ArgCheck::null_data;
     return ArgCheck::staged;
 }
 
@@ -100,6 +100,10 @@ constexpr PackGroup group_of(const TensorArg& arg, std::size_t pack_limit) noexc
         case ArgCheck::null_data:
             return Status(Errc::invalid_argument,
                           message("staging plan: arg ", index, " has a null host pointer with ", arg.bytes, " bytes"));
+        case ArgCheck::null_device:
+            return Status(Errc::invalid_argument,
+                          message("staging plan: arg ", index, " is Placement::Device with a null device pointer and ",
+                                  arg.bytes, " bytes"));
         default:
             return Status(Errc::invalid_argument,
                           message("staging plan: total size overflows at arg ", index, " (", arg.bytes, " bytes after ",

@@ -114,6 +114,12 @@ public:
         return bind_on(frame_slot(frame), frame.args(), stream);
     }
 
+    /// Work enqueued on `stream` after this call runs after the live `run`'s bind: its uploads
+    /// and the waits it made for earlier work on the slot's memory (an event on the bind's
+    /// stream and a stream wait; the host does not wait). Uploads on a copy stream, the kernel
+    /// on a compute stream. No-op on the bind's stream. On error the run stays live.
+    Status order_after_uploads(const StagedRun& run, Stream stream) noexcept;
+
     /// Ends a run: copies back Out/InOut args when `execution` is ok, releases every lease by
     /// its kind, and returns the first error of its own copy-backs and releases (it does not
     /// echo `execution`). The kernel must have completed before this call. A run of another
@@ -366,7 +372,7 @@ private:
     Status own_mirror(std::size_t index, std::span<const TensorArg> args) noexcept;
 
     // ---- finish, settle, release ----------------------------------------------------------
-    Status check_run(const StagedRun& run) const noexcept;
+    Status check_run(const StagedRun& run, const char* what = "finish") const noexcept;
     void settle(std::size_t index) noexcept;
     Status settle_fully(std::size_t index, const char* what) noexcept;
     void settle_with(std::size_t index, Status status) noexcept;

@@ -54,13 +54,15 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
 /// Allocates at least `usable` bytes whose start is aligned to `Alignment`, asking for exactly
 /// `usable` first: real devices align far better than they promise, so the slack of
 /// allocate_aligned is only paid (free, then allocate with slack; StagerStats::alignment_retries)
-/// when the exact allocation comes back misaligned.
+/// when the exact allocation comes back misaligned. `slack_first`: the backend misaligned
+/// before, so the slack is asked for at once.
 template <std::size_t Alignment, Backend B>
 Result<AlignedAllocation> allocate_exact_first(B& backend, std::size_t usable, std::string_view what,
-                                               StagerStats& stats) noexcept {
+                                               StagerStats& stats, bool slack_first = false) noexcept {
     if constexpr (alignment_slack(B::device_alignment, Alignment) == 0) {
         return allocate_aligned<Alignment>(backend, usable, what, stats);
     } else {
+        if (slack_first) return allocate_aligned<Alignment>(backend, usable, what, stats);
         Result<AlignedAllocation> exact = allocate_aligned<1>(backend, usable, what, stats);
         if (!exact || is_aligned(exact->allocation, Alignment)) {
             if (exact) exact->base = exact->allocation;

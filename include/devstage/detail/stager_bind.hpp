@@ -234,7 +234,9 @@ bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) n
 template <Backend B, class Strategy>
 Status Stager<B, Strategy>::grow(std::size_t index, const StagingLayout& layout, bool keep) noexcept {
     Slot& slot = slots_[index];
-    const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0, keep};
+    // Once the backend misaligned an allocation, the slack is asked for at once from then on.
+    const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0, keep,
+                           stats_.alignment_retries > 0, stats_.mirror_alignment_retries > 0};
     if constexpr (retained) {
         const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
         if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};

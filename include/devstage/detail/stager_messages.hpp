@@ -58,12 +58,13 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                              backend));
 }
 
-[[gnu::cold]] inline Status run_not_ours(bool dead, std::string_view backend) noexcept {
+[[gnu::cold]] inline Status run_not_ours(const char* what, bool dead, std::string_view backend) noexcept {
     return Status(Errc::invalid_argument,
-                  dead ? message("stager finish: the run is not live (finished, moved from, or dropped by "
+                  dead ? message("stager ", what,
+                                 ": the run is not live (finished, moved from, or dropped by "
                                  "release/abandon) on backend '",
                                  backend, "'")
-                       : message("stager finish: the run belongs to another stager (backend '", backend, "')"));
+                       : message("stager ", what, ": the run belongs to another stager (backend '", backend, "')"));
 }
 
 [[gnu::cold]] inline Status stale_frame(std::size_t slot, std::string_view backend) noexcept {
@@ -85,8 +86,9 @@ inline std::string on_backend(std::string_view message, std::string_view backend
     return Status(Errc::invalid_argument,
                   on_backend(message("stager bind: arg ", index, " (", arg.bytes,
                                      " bytes) points into the unbound frame of slot ", slot,
-                                     ", but the args are not that frame's own: its sizes no longer match; bind the "
-                                     "frame's own args()"),
+                                     ", but the span is not that frame's own args(): bind frame->args() itself, "
+                                     "unchanged (a copy, or one with args added, is refused; declare a "
+                                     "device-resident tensor in the frame's shapes with TensorShape::device)"),
                              backend));
 }
 

@@ -85,6 +85,21 @@ detail::Conflict Stager<B, Strategy>::carried_conflict(const Slot& slot, std::sp
 }
 
 template <Backend B, class Strategy>
+Status Stager<B, Strategy>::order_after_uploads(const StagedRun& run, Stream stream) noexcept {
+    if (Status valid = check_run(run, "order_after_uploads"); !valid) return valid;
+    // Everything the bind enqueued: its uploads, and its stream waits for the work that used
+    // the slot's memory before (a bind with nothing to upload still needs those).
+    Slot& slot = slots_[run.slot_];
+    if (slot.bind_stream == stream) return {};
+    if (Status joined = slot.fence.join(async(), slot.bind_stream, stream); !joined) {
+        return Status(joined.code(), with_backend(detail::message("stager order_after_uploads: ordering the stream "
+                                                                  "after the uploads of slot ",
+                                                                  run.slot_, " failed: ", joined.message())));
+    }
+    return {};
+}
+
+template <Backend B, class Strategy>
 Status Stager<B, Strategy>::order_after(std::size_t index, std::size_t other, const detail::Conflict& conflict,
                                         std::span<const TensorArg> args, Stream stream) noexcept {
     using detail::Need;

@@ -38,9 +38,9 @@ Stager<B, Strategy>::~Stager() {
 }
 
 template <Backend B, class Strategy>
-Status Stager<B, Strategy>::check_run(const StagedRun& run) const noexcept {
+Status Stager<B, Strategy>::check_run(const StagedRun& run, const char* what) const noexcept {
     if (run.owner_ == static_cast<const detail::RunOwner*>(this)) return {};
-    return detail::run_not_ours(run.owner_ == nullptr, backend_->name());
+    return detail::run_not_ours(what, run.owner_ == nullptr, backend_->name());
 }
 
 // Blocks until slot `index`'s pending work completed, then settles it.

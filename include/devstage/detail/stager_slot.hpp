@@ -210,12 +210,16 @@ struct StagerSlot {
         return grow_storage(frame_args, count);
     }
 
-    /// Lays a frame of `shapes` out in frame_args: every tensor packed (In, InOut, Out), each
-    /// TensorArg's data a non-null placeholder until place_frame().
+    /// Lays a frame of `shapes` out in frame_args: every host tensor packed (In, InOut, Out),
+    /// each TensorArg's data a non-null placeholder until place_frame(); a device-resident one
+    /// is a Device arg, passed through.
     Result<StagingLayout> plan_frame(std::span<const TensorShape> shapes, void* placeholder) noexcept {
         if (Status sized = frame_storage(shapes.size()); !sized) return sized;
         for (std::size_t i = 0; i < shapes.size(); ++i) {
-            frame_args[i] = TensorArg{placeholder, shapes[i].bytes, shapes[i].direction, Placement::Host};
+            const TensorShape& shape = shapes[i];
+            frame_args[i] = shape.device != nullptr
+                                ? TensorArg{shape.device, shape.bytes, shape.direction, Placement::Device}
+                                : TensorArg{placeholder, shape.bytes, shape.direction, Placement::Host};
         }
         PlanPass pass;
         Status planned = pass.run<true>(frame(shapes.size()), Strategy::alignment, all_packed_limit,
@@ -230,6 +234,7 @@ struct StagerSlot {
         std::array<std::size_t, 4> next = planned.base;
         std::byte* const mirror = mirror_of(strategy);
         for (TensorArg& arg : std::span<TensorArg>(frame_args.data(), count)) {
+            if (arg.placement == Placement::Device) continue;  // passed through
             if (arg.bytes == 0) {
                 arg.data = nullptr;
                 continue;

@@ -30,6 +30,11 @@ struct Requirement {
     std::size_t mirror_bytes = 0;
     /// A grow that fails keeps what the slot held (no free-first retry): Stager::reserve.
     bool keep = false;
+    /// The backend returned a misaligned device (pinned) allocation before: allocate with the
+    /// alignment slack straight away instead of asking for the exact size first. The Stager
+    /// sets these for the rest of its life once a retry happened on any of its slots.
+    bool device_slack_first = false;
+    bool mirror_slack_first = false;
 };
 
 /// Device memory a strategy gives back goes through here: freed at once when no stream work

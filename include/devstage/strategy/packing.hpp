@@ -59,12 +59,13 @@ public:
     /// Makes the mirror hold at least `required` bytes from a base aligned to `alignment` (as
     /// the device slices are), taking `target` (>= required) when it grows, `required` if
     /// `target` cannot be had. The exact size is asked for first and over-allocated only when
-    /// the pointer comes back misaligned. `keep`: the old mirror is freed only once the new one
+    /// the pointer comes back misaligned (StagerStats::mirror_alignment_retries), or at once
+    /// when `slack_first`. `keep`: the old mirror is freed only once the new one
     /// exists, so a failure keeps it. Precondition: no pending work reads or writes the mirror
     /// (the Stager waits for a packed slot before it binds it again).
     template <Backend B>
     Status ensure(B& backend, std::size_t target, std::size_t required, std::size_t alignment, StagerStats& stats,
-                  bool keep = false) noexcept {
+                  bool keep = false, bool slack_first = false) noexcept {
         static_assert(PinnedHostBackend<B>,
                       "PackSmall needs a PinnedHostBackend: the packed mirror is page-locked host memory "
                       "(pinned_malloc/pinned_free), which is what lets one copy each way move a run's small args");
@@ -73,10 +74,10 @@ public:
             if (Status freed = release(backend, stats); !freed) return freed;
         }
         Status cause;
-        bool grown = allocate(backend, target, alignment, stats, cause);
+        bool grown = allocate(backend, target, alignment, slack_first, stats, cause);
         if (!grown && target > required) {
             target = required;
-            grown = allocate(backend, target, alignment, stats, cause);
+            grown = allocate(backend, target, alignment, slack_first, stats, cause);
         }
         if (!grown) {
             return Status(cause.code(), message("packed mirror grow failed: required ", required,
@@ -112,17 +113,24 @@ public:
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-    // Takes `bytes` from an `alignment`-aligned base: exactly first, with slack when misaligned.
-    // On success a mirror still held (grown with keep) is freed and replaced.
+    // Takes `bytes` from an `alignment`-aligned base: exactly first, with slack when misaligned
+    // (or at once, `slack_first`). On success a mirror still held (grown with keep) is freed and
+    // replaced.
     template <Backend B>
-    bool allocate(B& backend, std::size_t bytes, std::size_t alignment, StagerStats& stats, Status& cause) noexcept {
-        Result<void*> got = backend.pinned_malloc(bytes);
-        std::size_t allocated = bytes;
-        if (got && reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
+    bool allocate(B& backend, std::size_t bytes, std::size_t alignment, bool slack_first, StagerStats& stats,
+                  Status& cause) noexcept {
+        const std::size_t with_slack = bytes + alignment - 1;
+        if (with_slack < bytes) {
+            cause = Status(Errc::invalid_argument, "mirror size overflows");
+            return false;
+        }
+        std::size_t allocated = slack_first ? with_slack : bytes;
+        Result<void*> got = backend.pinned_malloc(allocated);
+        if (got && !slack_first && reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
             if constexpr (PinnedHostBackend<B>) (void)backend.pinned_free(*got);
-            allocated = bytes + alignment - 1;
-            got = allocated < bytes ? Result<void*>(Status(Errc::invalid_argument, "mirror size overflows"))
-                                    : backend.pinned_malloc(allocated);
+            ++stats.mirror_alignment_retries;
+            allocated = with_slack;
+            got = backend.pinned_malloc(allocated);
         }
         if (!got) {
             cause = got.status();

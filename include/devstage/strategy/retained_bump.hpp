@@ -85,13 +85,14 @@ public:
     template <Backend B>
     Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
         if (need.device_bytes > capacity_) {
-            if (Status grown = grow(backend, need.device_bytes, stats, queue, need.keep); !grown) return grown;
+            if (Status grown = grow(backend, need, stats, queue); !grown) return grown;
         }
         if constexpr (packs) {
             if (need.mirror_bytes > mirror_.capacity()) {
                 Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
                 const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
-                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, Alignment, stats, need.keep);
+                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, Alignment, stats, need.keep,
+                                                     need.mirror_slack_first);
                     !mirrored) {
                     ++stats.grow_failures;
                     return mirrored;
@@ -195,7 +196,9 @@ public:
 
 private:
     template <Backend B>
-    Status grow(B& backend, std::size_t required, StagerStats& stats, FreeQueue<B>& queue, bool keep) noexcept {
+    Status grow(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
+        const std::size_t required = need.device_bytes;
+        const bool keep = need.keep;
         Result<std::size_t> target = growth_.next_capacity(capacity_, required);
         if (!target) {
             ++stats.grow_failures;
@@ -212,14 +215,14 @@ private:
         Result<detail::AlignedAllocation> grown = Status(Errc::out_of_memory, "retained buffer grow: not attempted");
         std::size_t size = *target;
         if (order_ == GrowOrder::allocate_first || !had || keep) {
-            grown = allocate(backend, *target, required, stats, size);
+            grown = allocate(backend, *target, need, stats, size);
             if (grown && had) ++stats.grows_allocate_first;
         }
         if (!grown && had && !keep) {
             // Memory is short (or free_first asked): free the old buffer first, then retry.
             if (Status settled = queue.settle(); !settled) queue.report(settled);
             if (Status freed = give_back(queue, stats); !freed) queue.report(freed);
-            grown = allocate(backend, *target, required, stats, size);
+            grown = allocate(backend, *target, need, stats, size);
             if (grown) ++stats.grows_free_first;
         }
         if (!grown) {
@@ -242,13 +245,15 @@ private:
 
     // The grown target, or exactly the requirement when the target cannot be had.
     template <Backend B>
-    Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, std::size_t required, StagerStats& stats,
-                                               std::size_t& size) noexcept {
-        Result<detail::AlignedAllocation> grown =
-            detail::allocate_exact_first<Alignment>(backend, target, "retained buffer grow", stats);
+    Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, const Requirement& need,
+                                               StagerStats& stats, std::size_t& size) noexcept {
+        const std::size_t required = need.device_bytes;
+        Result<detail::AlignedAllocation> grown = detail::allocate_exact_first<Alignment>(
+            backend, target, "retained buffer grow", stats, need.device_slack_first);
         size = target;
         if (!grown && target > required) {
-            grown = detail::allocate_exact_first<Alignment>(backend, required, "retained buffer grow", stats);
+            grown = detail::allocate_exact_first<Alignment>(backend, required, "retained buffer grow", stats,
+                                                            need.device_slack_first);
             size = required;
             if (grown) ++stats.grows_exact_fallback;
         }
