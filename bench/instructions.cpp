@@ -118,7 +118,7 @@ template <class S>
 }
 
 template <class Strategy>
-int stream_steps(std::size_t tensors, int runs) {
+int stream_steps(std::size_t tensors, int runs, OutputPolicy outputs) {
     // Decode-step sizes: 256 B to 4 KiB, each slot's args on its own host buffer.
     std::vector<std::byte> host[2];
     std::vector<TensorArg> args[2];
@@ -131,6 +131,7 @@ int stream_steps(std::size_t tensors, int runs) {
     }
     NullAsyncBackend backend;
     Stager<NullAsyncBackend, Strategy> stager(backend, Strategy{}, 2);
+    stager.set_output_policy(outputs);
     const NullAsyncBackend::Stream stream{1};
     stream_loop(stager, args, stream, 2);  // outside the collection: a first step on each slot grows it
     measure_stream_steps(stager, args, stream, runs);
@@ -138,9 +139,10 @@ int stream_steps(std::size_t tensors, int runs) {
 }
 
 template <class Strategy>
-int stage(const std::vector<TensorArg>& args, int runs) {
+int stage(const std::vector<TensorArg>& args, int runs, OutputPolicy outputs) {
     NullCopyBackend backend;
     Stager<NullCopyBackend, Strategy> stager(backend);
+    stager.set_output_policy(outputs);
     auto first = stager.bind(args);  // outside the collection: the first run grows
     if (!first || !stager.finish(std::move(*first))) return 1;
     measure_bind_finish(stager, args, runs);
@@ -149,16 +151,26 @@ int stage(const std::vector<TensorArg>& args, int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string_view mode = argc > 1 ? argv[1] : "retained";
+    std::string_view mode = argc > 1 ? argv[1] : "retained";
     const std::size_t tensors = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1000;
     const int runs = argc > 3 ? std::atoi(argv[3]) : 10;
     std::vector<std::byte> host;
     const std::vector<TensorArg> args = make_args(tensors, host);
-    if (mode == "retained") return stage<RetainedBump<>>(args, runs);
-    if (mode == "packed") return stage<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(args, runs);
-    if (mode == "per-tensor") return stage<PerTensorMalloc<>>(args, runs);
-    if (mode == "stream-retained") return stream_steps<RetainedBump<>>(tensors, runs);
-    if (mode == "stream-packed") return stream_steps<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(tensors, runs);
+    // "-zeroed": Out args zeroed (OutputPolicy::zero, here by uploads of zeros: the null backends
+    // have no memset); without it the no-zeroing path (kernel_writes_all).
+    constexpr std::string_view zeroed = "-zeroed";
+    OutputPolicy outputs = OutputPolicy::kernel_writes_all;
+    if (mode.size() > zeroed.size() && mode.substr(mode.size() - zeroed.size()) == zeroed) {
+        outputs = OutputPolicy::zero;
+        mode.remove_suffix(zeroed.size());
+    }
+    if (mode == "retained") return stage<RetainedBump<>>(args, runs, outputs);
+    if (mode == "packed") return stage<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(args, runs, outputs);
+    if (mode == "per-tensor") return stage<PerTensorMalloc<>>(args, runs, outputs);
+    if (mode == "stream-retained") return stream_steps<RetainedBump<>>(tensors, runs, outputs);
+    if (mode == "stream-packed") {
+        return stream_steps<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(tensors, runs, outputs);
+    }
     if (mode == "prefix-sum") {
         std::vector<std::size_t> offsets(args.size());
         measure_prefix_sum(args, offsets, runs);
@@ -166,6 +178,7 @@ int main(int argc, char** argv) {
     }
     std::fprintf(
         stderr,
-        "usage: instructions retained|packed|per-tensor|prefix-sum|stream-retained|stream-packed [tensors] [runs]\n");
+        "usage: instructions retained|packed|per-tensor|prefix-sum|stream-retained|stream-packed[-zeroed] [tensors] "
+        "[runs]\n");
     return 2;
 }

@@ -125,7 +125,9 @@ if instructions:
     w("| --- | ---: | ---: |")
     prefix = instructions.get("prefix-sum")
     labels = {"retained": "RetainedBump", "packed": "RetainedBump + PackSmall<16384> (the host copies into and out of the mirror included)",
-              "per-tensor": "PerTensorMalloc (glibc's aligned_alloc and free included)", "prefix-sum": "prefix sum of the aligned sizes"}
+              "per-tensor": "PerTensorMalloc (glibc's aligned_alloc and free included)", "prefix-sum": "prefix sum of the aligned sizes",
+              "retained-zeroed": "RetainedBump, Out args zeroed (`OutputPolicy::zero`: uploads of zeros, the null backend has no memset)",
+              "packed-zeroed": "RetainedBump + PackSmall<16384>, Out args zeroed"}
     for mode, label in labels.items():
         if mode in instructions:
             ratio = f"{instructions[mode] / prefix:.1f}x" if prefix else "—"
@@ -135,7 +137,9 @@ if instructions:
         w(f"\nGoal in this run: RetainedBump costs {r:.1f} instructions per tensor "
           f"({'met' if r <= 60 else 'not met'}: the goal is at most 60, {compiler} -O2).\n")
     steps = [(label, instructions[mode]) for mode, label in
-             (("stream-retained-per-step", "RetainedBump"), ("stream-packed-per-step", "RetainedBump + PackSmall<16384>"))
+             (("stream-retained-per-step", "RetainedBump"), ("stream-packed-per-step", "RetainedBump + PackSmall<16384>"),
+              ("stream-retained-zeroed-per-step", "RetainedBump, Out args zeroed"),
+              ("stream-packed-zeroed-per-step", "RetainedBump + PackSmall<16384>, Out args zeroed"))
              if mode in instructions]
     if steps:
         w("Per step of a pipelined stream loop (bench/instructions.cpp `stream-*`): 16 tensors of 256 B to 4 KiB "

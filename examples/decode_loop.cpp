@@ -87,7 +87,7 @@ struct Report {
     const Link* link = nullptr;  // null on a device, where the link is not modeled
     const char* strategy = "";
     int warmup = 1;  // the first step of each pipeline slot: it allocates
-    PerStep mallocs, frees, copies_in, copies_out, modeled_ns, bounced;
+    PerStep mallocs, frees, copies_in, copies_out, zeroing, modeled_ns, bounced;
     std::uint64_t warmup_mallocs = 0, warmup_buffers = 0, warmup_retries = 0;  // over the warm-up steps
     std::uint64_t limit_ns = 0;     // one copy each way of the step's bytes, on the link
     std::uint64_t resident_ns = 0;  // the one upload of the resident tensors, on the link
@@ -413,6 +413,7 @@ bool run_strategy(const Host& host, B& backend, Report& report, std::string& fai
         report.frees.add(b.device_frees - a.device_frees);
         report.copies_in.add(b.uploads - a.uploads);
         report.copies_out.add(b.copy_backs - a.copy_backs);
+        report.zeroing.add(b.zeroing_calls - a.zeroing_calls);
         report.modeled_ns.add(samples[k].modeled_ns - samples[k - 1].modeled_ns);
         report.bounced.add(samples[k].bounced - samples[k - 1].bounced);
     }
@@ -552,8 +553,8 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
     } else {
         std::snprintf(title, sizeof title, "per step, steps %d-%d", warmup + 1, options.steps);
     }
-    std::printf("\n%-24s %14s %6s %10s %11s %11s %9s\n", title, "device mallocs", "frees", "copies in", "copies out",
-                "modeled us", "limit us");
+    std::printf("\n%-24s %14s %6s %10s %11s %8s %11s %9s\n", title, "device mallocs", "frees", "copies in",
+                "copies out", "zeroing", "modeled us", "limit us");
     const Link* section = nullptr;
     for (const Report& r : reports) {
         if (r.link != nullptr && r.link != section) {
@@ -561,9 +562,10 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
             std::printf("%s link (SimLinkModel::%s())\n", r.link->name, r.link->preset);
         }
         const bool modeled = r.link != nullptr;
-        std::printf("  %-22s %14s %6s %10s %11s %11s %9s\n", r.strategy, per_step(r.mallocs).c_str(),
+        std::printf("  %-22s %14s %6s %10s %11s %8s %11s %9s\n", r.strategy, per_step(r.mallocs).c_str(),
                     per_step(r.frees).c_str(), per_step(r.copies_in).c_str(), per_step(r.copies_out).c_str(),
-                    modeled ? per_step(r.modeled_ns, 1e3).c_str() : "-", modeled ? us(r.limit_ns).c_str() : "-");
+                    per_step(r.zeroing).c_str(), modeled ? per_step(r.modeled_ns, 1e3).c_str() : "-",
+                    modeled ? us(r.limit_ns).c_str() : "-");
     }
     if (reports.front().link != nullptr) {
         std::printf(
@@ -576,7 +578,10 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
         }
         std::printf(".\n");
         std::printf(
-            "\nModeled us: what the step's copies would cost on the link (SimStats::modeled_ns; nothing sleeps);\n"
+            "\nZeroing: the calls that set the logits (an Out arg) to zero on the device before the kernel\n"
+            "  (OutputPolicy::zero, the default: a byte the kernel leaves unwritten never holds another step's\n"
+            "  data); each is one device memset, modeled at one call's latency.\n"
+            "Modeled us: what the step's copies would cost on the link (SimStats::modeled_ns; nothing sleeps);\n"
             "  the limit is one copy each way of the step's bytes. The wall time is not shown: the simulator's\n"
             "  device memory is this machine's RAM.\n");
     } else {

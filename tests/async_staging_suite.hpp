@@ -425,3 +425,69 @@ TEMPLATE_LIST_TEST_CASE("async staging: device-resident tensors of a frame pass 
     }
     CHECK(stager.stats().mirror_copy_bytes == 0);
 }
+
+TEMPLATE_LIST_TEST_CASE("async staging: an Out the kernel leaves unwritten reads back as zeros, in every mode",
+                        "[async][staging][zeroing]", AsyncStagingBackends) {
+    using namespace async_staging;
+    auto backend = test::make_backend<TestType>();
+    Streams<TestType> streams(*backend);
+    // Run one stages 0xAB bytes through the slot; run two's Out args, which no kernel writes,
+    // must come back as zeros (and, opted out, as whatever the device memory held).
+    const auto check = [&](auto strategy, bool streamed, OutputPolicy policy) {
+        CAPTURE(streamed, policy == OutputPolicy::zero);
+        Stager<TestType, decltype(strategy)> stager(*backend, decltype(strategy){});
+        stager.set_output_policy(policy);
+        std::vector<std::byte> first(4096 + 100, std::byte{0xAB});
+        const TensorArg in[] = {{first.data(), 4096, Direction::In}, {first.data() + 4096, 100, Direction::In}};
+        Result<StagedRun> run = streamed ? stager.bind(in, streams.one) : stager.bind(in);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        std::vector<std::byte> out(4096 + 100, std::byte{0xCD});
+        const TensorArg outs[] = {{out.data(), 4096, Direction::Out}, {out.data() + 4096, 100, Direction::Out}};
+        run = streamed ? stager.bind(outs, streams.one) : stager.bind(outs);
+        REQUIRE(run.ok());
+        if (streamed) {
+            Result<Completion> done = stager.finish(std::move(*run), streams.one);
+            REQUIRE(done.ok());
+            REQUIRE(done->wait().ok());
+        } else {
+            REQUIRE(stager.finish(std::move(*run)).ok());
+        }
+        if (policy == OutputPolicy::zero) {
+            CHECK(devstage::test::same_bytes(out, std::vector<std::byte>(out.size())));
+            CHECK(stager.stats().zeroed_bytes >= 4196);
+        } else {
+            CHECK(stager.stats().zeroing_calls == 0);
+            if constexpr (decltype(strategy)::lease_kind == ReleaseKind::BufferNoop) {
+                CHECK(devstage::test::same_bytes(out, first));  // the retained buffer still held run one's bytes
+            }
+        }
+    };
+    for (const bool streamed : {false, true}) {
+        check(RetainedBump<>{}, streamed, OutputPolicy::zero);
+        check(PerTensorMalloc<>{}, streamed, OutputPolicy::zero);
+        check(Packed{}, streamed, OutputPolicy::zero);
+        check(RetainedBump<>{}, streamed, OutputPolicy::kernel_writes_all);
+        check(Packed{}, streamed, OutputPolicy::kernel_writes_all);
+    }
+    // A frame: its Out tensors come back into the frame as zeros.
+    Stager<TestType, Packed> stager(*backend);
+    const auto frame_run = [&](std::span<const TensorShape> shapes, std::byte fill, bool zeros) {
+        auto frame = stager.frame(shapes);
+        REQUIRE(frame.ok());
+        for (std::size_t i = 0; i < frame->size(); ++i) std::fill(frame->host(i).begin(), frame->host(i).end(), fill);
+        auto run = stager.bind(*frame, streams.one);
+        REQUIRE(run.ok());
+        auto done = stager.finish(std::move(*run), streams.one);
+        REQUIRE(done.ok());
+        REQUIRE(done->wait().ok());
+        for (std::size_t i = 0; zeros && i < frame->size(); ++i) {
+            CHECK(devstage::test::same_bytes(frame->host(i), std::vector<std::byte>(frame->host(i).size())));
+        }
+    };  // the Completion, destroyed, lets go of the frame's slot
+    const TensorShape in_shapes[] = {{3000, Direction::In}, {200, Direction::In}};
+    const TensorShape out_shapes[] = {{3000, Direction::Out}, {200, Direction::Out}};
+    frame_run(in_shapes, std::byte{0xAB}, false);
+    frame_run(out_shapes, std::byte{0xCD}, true);
+    CHECK(stager.stats().zeroing_calls == 1);  // the frame's Out tensors are one packed range
+}

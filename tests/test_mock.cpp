@@ -161,7 +161,8 @@ MockConfig deferred(std::uint32_t polls = 2) {
 }  // namespace
 
 TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock][async]") {
-    STATIC_REQUIRE(devstage::mock_op_count == 19);
+    STATIC_REQUIRE(devstage::mock_op_count == 20);
+    CHECK(devstage::to_string(MockOp::device_memset_async) == "device_memset_async");
     CHECK(devstage::to_string(MockOp::create_stream) == "create_stream");
     CHECK(devstage::to_string(MockOp::copy_from_device_async) == "copy_from_device_async");
     CHECK(devstage::to_string(MockOp::launch_host_func) == "launch_host_func");
@@ -175,6 +176,7 @@ TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock
     const Event event = event_of(mock);
     REQUIRE(mock.copy_to_device_async(device, host.data(), 64, stream).ok());
     REQUIRE(mock.copy_from_device_async(host.data(), device, 32, stream).ok());
+    REQUIRE(mock.device_memset_async(device + 32, 0, 32, stream).ok());
     REQUIRE(mock.launch_host_func(stream, &log_step, &step).ok());
     REQUIRE(mock.record_event(event, stream).ok());
     REQUIRE(mock.stream_wait_event(stream, event).ok());
@@ -184,9 +186,10 @@ TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock
     REQUIRE(mock.destroy_stream(stream).ok());
     CHECK(log == std::vector<std::string>{"ran"});
     const std::vector<MockOp> expected{
-        MockOp::create_stream,     MockOp::create_event,  MockOp::copy_to_device_async, MockOp::copy_from_device_async,
-        MockOp::launch_host_func,  MockOp::record_event,  MockOp::stream_wait_event,    MockOp::event_ready,
-        MockOp::synchronize_event, MockOp::destroy_event, MockOp::destroy_stream};
+        MockOp::create_stream,          MockOp::create_event,        MockOp::copy_to_device_async,
+        MockOp::copy_from_device_async, MockOp::device_memset_async, MockOp::launch_host_func,
+        MockOp::record_event,           MockOp::stream_wait_event,   MockOp::event_ready,
+        MockOp::synchronize_event,      MockOp::destroy_event,       MockOp::destroy_stream};
     const auto journal = mock.journal();
     REQUIRE(journal.size() == expected.size());
     for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -198,9 +201,11 @@ TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock
     CHECK(journal[2].pointer == device);
     CHECK(journal[2].bytes == 64);
     CHECK(journal[2].stream == stream.id);
-    CHECK(journal[5].stream == stream.id);
-    CHECK(journal[5].event == event.id);
-    CHECK(journal[4].pointer == &step);
+    CHECK(journal[4].pointer == device + 32);
+    CHECK(journal[6].stream == stream.id);
+    CHECK(journal[6].event == event.id);
+    CHECK(journal[5].pointer == &step);
+    CHECK(devstage::test::read_device(mock, device + 32, 32) == std::vector<std::byte>(32));
     REQUIRE(mock.device_free(device).ok());
 }
 
@@ -208,7 +213,7 @@ TEST_CASE("mock: fail_call fails each stream operation at its call", "[mock][asy
     const MockOp ops[] = {MockOp::create_stream,          MockOp::create_event,     MockOp::copy_to_device_async,
                           MockOp::copy_from_device_async, MockOp::launch_host_func, MockOp::record_event,
                           MockOp::stream_wait_event,      MockOp::event_ready,      MockOp::synchronize_event,
-                          MockOp::destroy_event,          MockOp::destroy_stream};
+                          MockOp::destroy_event,          MockOp::destroy_stream,   MockOp::device_memset_async};
     for (const MockOp op : ops) {
         CAPTURE(devstage::to_string(op));
         MockBackend mock(MockConfig{.sink = &devstage::test::quiet_sink});
@@ -227,6 +232,7 @@ TEST_CASE("mock: fail_call fails each stream operation at its call", "[mock][asy
                                   mock.copy_to_device_async(device, host.data(), 64, *stream));
             outcomes.emplace_back(MockOp::copy_from_device_async,
                                   mock.copy_from_device_async(host.data(), device, 64, *stream));
+            outcomes.emplace_back(MockOp::device_memset_async, mock.device_memset_async(device, 0, 64, *stream));
             outcomes.emplace_back(MockOp::launch_host_func, mock.launch_host_func(*stream, &log_step, &step));
             outcomes.emplace_back(MockOp::record_event, mock.record_event(*event, *stream));
             outcomes.emplace_back(MockOp::stream_wait_event, mock.stream_wait_event(*stream, *event));
@@ -861,4 +867,31 @@ TEST_CASE("mock: streams driven from several threads at once", "[mock][async][th
         CHECK(mock.misuses() == 0);
         CHECK(mock.leak_report().empty());
     }
+}
+
+TEST_CASE("mock: a deferred device_memset_async runs in stream order, holds its range, fails when run",
+          "[mock][async][memset]") {
+    MockBackend mock(deferred());
+    std::byte* device = device_bytes(mock, 256);
+    const std::vector<std::byte> ones(256, std::byte{1});
+    REQUIRE(mock.copy_to_device(device, ones.data(), ones.size()).ok());
+    const Stream stream = stream_of(mock);
+    REQUIRE(mock.device_memset_async(device + 64, 0, 128, stream).ok());
+    CHECK(mock.device_free(device).code() == Errc::busy);  // pending work holds the range
+    CHECK(mock.misuses() == 1);
+    REQUIRE(mock.synchronize().ok());
+    std::vector<std::byte> expected = ones;
+    std::fill(expected.begin() + 64, expected.begin() + 192, std::byte{0});
+    CHECK(devstage::test::read_device(mock, device, 256) == expected);
+    // Outside every allocation: a misuse, refused at the call.
+    std::byte outside[8]{};
+    CHECK(mock.device_memset_async(outside, 0, 8, stream).code() == Errc::invalid_argument);
+    // fail_when_run: accepted at the call, failed when it runs, no byte set.
+    mock.fail_when_run(MockOp::device_memset_async, mock.calls(MockOp::device_memset_async) + 1);
+    REQUIRE(mock.device_memset_async(device, 0, 64, stream).ok());
+    CHECK(mock.synchronize().code() == Errc::backend_failure);
+    CHECK(devstage::test::read_device(mock, device, 64) == std::vector<std::byte>(ones.begin(), ones.begin() + 64));
+    mock.clear_failures();
+    REQUIRE(mock.destroy_stream(stream).ok());
+    REQUIRE(mock.device_free(device).ok());
 }

@@ -212,6 +212,17 @@ concept MemsetBackend = Backend<B> && requires(B& b, void* dst, int value, std::
     noexcept->std::same_as<Status>;
 };
 
+/// Optional: `b.device_memset_async(dst, value, n, s)` noexcept -> Status enqueues setting `n`
+/// bytes of device memory at `dst` to `value` on stream `s` (cudaMemsetAsync,
+/// aclrtMemsetAsync). The Stager zeroes Out args with it (OutputPolicy::zero); a backend
+/// without it gets zeros uploaded instead.
+template <class B>
+concept AsyncMemsetBackend = AsyncBackend<B> &&
+    requires(B& b, void* dst, int value, std::size_t n, typename B::Stream s) {
+    { b.device_memset_async(dst, value, n, s) }
+    noexcept->std::same_as<Status>;
+};
+
 /// Optional: `b.synchronize()` noexcept -> Status; waits until the device is idle.
 template <class B>
 concept SynchronizingBackend = Backend<B> && requires(B& b) {

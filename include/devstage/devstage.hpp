@@ -8,6 +8,7 @@
 #include "devstage/frame.hpp"
 #include "devstage/host_copy.hpp"
 #include "devstage/lease.hpp"
+#include "devstage/output_policy.hpp"
 #include "devstage/pageable.hpp"
 #include "devstage/pinned.hpp"
 #include "devstage/plan.hpp"

@@ -31,8 +31,10 @@
 #include "devstage/detail/stager_messages.hpp"
 #include "devstage/detail/stager_slot.hpp"
 #include "devstage/detail/transfers.hpp"
+#include "devstage/detail/zero_outputs.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
+#include "devstage/output_policy.hpp"
 #include "devstage/pageable.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/run.hpp"
@@ -172,24 +174,7 @@ public:
     /// up to that size never move device addresses (for captured graphs), after waiting for
     /// the slots' pending work. Busy while a run is live or a frame unbound.
     /// A slot that fails to grow keeps what it held. Retained strategies only.
-    Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
-        if (slots_.empty()) return broken_;
-        const auto framed = static_cast<std::size_t>(
-            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed || s.held; }));
-        if (live_runs() > 0 || framed > 0)
-            return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
-        const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
-        for (std::size_t index = 0; index < slots_.size(); ++index) {  // all settled before any grows
-            if (Status settled = settle_fully(index, "reserve"); !settled) return settled;
-        }
-        for (std::size_t index = 0; index < slots_.size(); ++index) {
-            StagingLayout layout;
-            layout.required_bytes = bytes;
-            layout.packed_bytes = mirror;
-            if (Status grown = grow(index, layout, true); !grown) return grown;
-        }
-        return {};
-    }
+    Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop);
 
     /// Takes ownership of a device buffer allocated elsewhere as slot `slot`'s retained buffer
     /// (an empty slot with no run; a later grow or release frees it).
@@ -267,6 +252,18 @@ public:
         Status released = ring_->release(*backend_, async(), stats_);
         if (ring_->chunks() == 0) ring_.reset();
         return released;
+    }
+
+    // ---- outputs ------------------------------------------------------------------------
+
+    /// What binds do with the device bytes of Out args: OutputPolicy::zero (the default) sets
+    /// them to zero on the bind's stream (StagerStats::zeroing_calls); kernel_writes_all leaves
+    /// them. Takes effect at the next bind.
+    void set_output_policy(OutputPolicy policy) noexcept {
+        outputs_ = policy;
+    }
+    OutputPolicy output_policy() const noexcept {
+        return outputs_;
     }
 
     // ---- inspection ---------------------------------------------------------------------
@@ -437,6 +434,7 @@ private:
     Status broken_;  // why the stager has no slot
     detail::HostBox bind_box_;
     bool bind_box_ready_ = false;
+    OutputPolicy outputs_ = OutputPolicy::zero;
 };
 
 }  // namespace devstage

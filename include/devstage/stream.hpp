@@ -53,6 +53,11 @@ public:
     Status copy_from_device_async(void* host_dst, const void* device_src, std::size_t bytes, Stream /*s*/) noexcept {
         return backend_->copy_from_device(host_dst, device_src, bytes);
     }
+    /// Where the backend has device_memset.
+    Status device_memset_async(void* device_dst, int value, std::size_t bytes,
+                               Stream /*s*/) noexcept requires MemsetBackend<B> {
+        return backend_->device_memset(device_dst, value, bytes);
+    }
     Result<Event> create_event() noexcept { return Event{}; }
     Status destroy_event(Event /*event*/) noexcept { return {}; }
     Status record_event(Event /*event*/, Stream /*stream*/) noexcept { return {}; }

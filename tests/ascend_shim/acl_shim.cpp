@@ -82,13 +82,14 @@ struct Event {
 };
 
 struct Task {
-    enum class Kind { copy, record, wait };
+    enum class Kind { copy, memset, record, wait };
     explicit Task(Kind k) : kind(k) {}
     Kind kind;
     void* dst = nullptr;
     const void* src = nullptr;
     std::size_t count = 0;
     bool to_device = false;
+    int32_t value = 0;                  // memset
     aclError fails_with = ACL_SUCCESS;  // an injected asynchronous failure
     std::shared_ptr<Event> event;
     std::uint64_t generation = 0;
@@ -217,6 +218,20 @@ void run(Stream& stream, Task& task) {
                 return;
             }
             std::memcpy(task.dst, task.src, task.count);
+            return;
+        }
+        case Task::Kind::memset: {
+            if (stream.error != ACL_SUCCESS) return;
+            if (task.fails_with != ACL_SUCCESS) {
+                set_error(stream, task.fails_with, "injected asynchronous failure of aclrtMemsetAsync");
+                return;
+            }
+            const std::optional<int> where = find(task.dst, task.count, true);
+            if (!where || *where != stream.context->device) {
+                set_error(stream, ACL_ERROR_FAILURE, "device memory of an aclrtMemsetAsync was freed before it ran");
+                return;
+            }
+            std::memset(task.dst, task.value, task.count);
             return;
         }
         case Task::Kind::record:
@@ -615,6 +630,27 @@ aclError aclrtMemcpyAsync(void* dst, std::size_t dest_max, const void* src, std:
     task.count = count;
     task.to_device = to_device;
     task.fails_with = injected_async("aclrtMemcpyAsync");
+    return enqueue(*stream, std::move(task));
+}
+aclError aclrtMemsetAsync(void* pointer, std::size_t max_count, int32_t value, std::size_t count, aclrtStream handle) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtMemsetAsync", code)) return code;
+    Stream* stream = find_stream(handle);
+    if (aclError e = check_stream(stream, "aclrtMemsetAsync"); e != ACL_SUCCESS) return e;
+    if (pointer == nullptr) return fail(ACL_ERROR_INVALID_PARAM, "null pointer");
+    if (count > max_count) return fail(ACL_ERROR_RT_PARAM_INVALID, "count exceeds maxCount");
+    const std::optional<int> where = find(pointer, count, true);
+    if (!where) return fail(ACL_ERROR_INVALID_PARAM, "device range is not inside one allocation");
+    if (*where != current->device) {
+        return fail(ACL_ERROR_INVALID_PARAM, "device memory of device " + std::to_string(*where) +
+                                                 " set on a stream of device " + std::to_string(current->device));
+    }
+    Task task(Task::Kind::memset);
+    task.dst = pointer;
+    task.count = count;
+    task.value = value;
+    task.fails_with = injected_async("aclrtMemsetAsync");
     return enqueue(*stream, std::move(task));
 }
 aclError aclrtCreateEvent(aclrtEvent* event) {

@@ -426,6 +426,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int k
     if (stream != nullptr && streams.count(stream) == 0) return cudaErrorInvalidResourceHandle;
     return copy(dst, src, count, kind);
 }
+cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t count, cudaStream_t stream) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaMemsetAsync", code)) return code;
+    touch();
+    if (stream != nullptr && streams.count(stream) == 0) return cudaErrorInvalidResourceHandle;
+    if (!inside(pointer, count, true)) return cudaErrorInvalidValue;
+    std::memset(pointer, value, count);
+    return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
     if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);

@@ -166,6 +166,11 @@ public:
         return call("aclrtMemcpyAsync(device to host)", api_.memcpy_async, bytes, host_dst, bytes, device_src, bytes,
                     acl::memcpy_device_to_host, stream.handle);
     }
+    /// aclrtMemsetAsync(dst, n, value, n, stream); zero bytes are not sent.
+    Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
+        if (bytes == 0) return {};
+        return call("aclrtMemsetAsync", api_.memset_async, bytes, device_dst, bytes, value, bytes, stream.handle);
+    }
     /// aclrtCreateEvent, in this backend's context.
     Result<Event> create_event() noexcept {
         auto* state = new (std::nothrow) detail::AclEvent;
@@ -335,6 +340,7 @@ private:
 static_assert(Backend<AscendBackend>);
 static_assert(PinnedHostBackend<AscendBackend>);
 static_assert(MemsetBackend<AscendBackend>);
+static_assert(AsyncMemsetBackend<AscendBackend>);
 static_assert(SynchronizingBackend<AscendBackend>);
 static_assert(AsyncBackend<AscendBackend>);
 static_assert(VirtualMemoryBackend<AscendBackend>);

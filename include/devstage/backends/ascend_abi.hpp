@@ -69,6 +69,7 @@ struct AclApi {
     acl::aclError (*destroy_stream)(acl::aclrtStream) = nullptr;
     acl::aclError (*synchronize_stream)(acl::aclrtStream) = nullptr;
     acl::aclError (*memcpy_async)(void*, std::size_t, const void*, std::size_t, int, acl::aclrtStream) = nullptr;
+    acl::aclError (*memset_async)(void*, std::size_t, std::int32_t, std::size_t, acl::aclrtStream) = nullptr;
     acl::aclError (*create_event)(acl::aclrtEvent*) = nullptr;
     acl::aclError (*destroy_event)(acl::aclrtEvent) = nullptr;
     acl::aclError (*record_event)(acl::aclrtEvent, acl::aclrtStream) = nullptr;
@@ -119,9 +120,9 @@ inline Status resolve_acl_runtime(const DynamicLibrary& library, AclApi& api, Ac
         entry_point("aclGetRecentErrMsg", errors.recent_error_message),
         entry_point("aclrtCreateStream", api.create_stream), entry_point("aclrtDestroyStream", api.destroy_stream),
         entry_point("aclrtSynchronizeStream", api.synchronize_stream),
-        entry_point("aclrtMemcpyAsync", api.memcpy_async), entry_point("aclrtCreateEvent", api.create_event),
-        entry_point("aclrtDestroyEvent", api.destroy_event), entry_point("aclrtRecordEvent", api.record_event),
-        entry_point("aclrtQueryEventStatus", api.query_event_status),
+        entry_point("aclrtMemcpyAsync", api.memcpy_async), entry_point("aclrtMemsetAsync", api.memset_async),
+        entry_point("aclrtCreateEvent", api.create_event), entry_point("aclrtDestroyEvent", api.destroy_event),
+        entry_point("aclrtRecordEvent", api.record_event), entry_point("aclrtQueryEventStatus", api.query_event_status),
         entry_point("aclrtSynchronizeEvent", api.synchronize_event),
         entry_point("aclrtStreamWaitEvent", api.stream_wait_event));
 }

@@ -161,6 +161,11 @@ public:
         return call("cudaMemcpyAsync(device to host)", api_.memcpy_async, bytes, host_dst, device_src, bytes,
                     cudart::memcpy_device_to_host, stream.handle);
     }
+    /// cudaMemsetAsync on `stream`; zero bytes are not sent.
+    Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
+        if (bytes == 0) return {};
+        return call("cudaMemsetAsync", api_.memset_async, bytes, device_dst, value, bytes, stream.handle);
+    }
     /// cudaEventCreateWithFlags(cudaEventDisableTiming).
     Result<Event> create_event() noexcept {
         Event event;
@@ -257,6 +262,7 @@ private:
 static_assert(Backend<CudaBackend>);
 static_assert(PinnedHostBackend<CudaBackend>);
 static_assert(MemsetBackend<CudaBackend>);
+static_assert(AsyncMemsetBackend<CudaBackend>);
 static_assert(SynchronizingBackend<CudaBackend>);
 static_assert(AsyncBackend<CudaBackend>);
 static_assert(HostFunctionBackend<CudaBackend>);

@@ -118,6 +118,7 @@ struct CudaRuntimeApi {
     cudart::cudaError_t (*stream_create)(cudart::cudaStream_t*, unsigned) = nullptr;
     cudart::cudaError_t (*stream_destroy)(cudart::cudaStream_t) = nullptr;
     cudart::cudaError_t (*memcpy_async)(void*, const void*, std::size_t, int, cudart::cudaStream_t) = nullptr;
+    cudart::cudaError_t (*memset_async)(void*, int, std::size_t, cudart::cudaStream_t) = nullptr;
     cudart::cudaError_t (*event_create)(cudart::cudaEvent_t*, unsigned) = nullptr;
     cudart::cudaError_t (*event_destroy)(cudart::cudaEvent_t) = nullptr;
     cudart::cudaError_t (*event_record)(cudart::cudaEvent_t, cudart::cudaStream_t) = nullptr;
@@ -159,9 +160,9 @@ inline Status resolve_cuda_runtime(const DynamicLibrary& library, CudaRuntimeApi
         entry_point("cudaGetErrorString", errors.error_string),
         entry_point("cudaStreamCreateWithFlags", api.stream_create),
         entry_point("cudaStreamDestroy", api.stream_destroy), entry_point("cudaMemcpyAsync", api.memcpy_async),
-        entry_point("cudaEventCreateWithFlags", api.event_create), entry_point("cudaEventDestroy", api.event_destroy),
-        entry_point("cudaEventRecord", api.event_record), entry_point("cudaEventQuery", api.event_query),
-        entry_point("cudaEventSynchronize", api.event_synchronize),
+        entry_point("cudaMemsetAsync", api.memset_async), entry_point("cudaEventCreateWithFlags", api.event_create),
+        entry_point("cudaEventDestroy", api.event_destroy), entry_point("cudaEventRecord", api.event_record),
+        entry_point("cudaEventQuery", api.event_query), entry_point("cudaEventSynchronize", api.event_synchronize),
         entry_point("cudaStreamWaitEvent", api.stream_wait_event),
         entry_point("cudaLaunchHostFunc", api.launch_host_func),
         entry_point("cudaPointerGetAttributes", api.pointer_get_attributes));

@@ -157,6 +157,12 @@ public:
         return enqueue_copy(MockOp::copy_from_device_async, {host_dst, device_src, bytes, device_src, host_dst},
                             stream);
     }
+    /// Enqueues setting `bytes` of device memory to `value`; checked, journaled and failed as
+    /// the copies are (fail_when_run included).
+    Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
+        return enqueue_copy(MockOp::device_memset_async, {device_dst, nullptr, bytes, device_dst, nullptr, value},
+                            stream);
+    }
 
     Result<Event> create_event() noexcept {
         std::lock_guard lock(mutex_);
@@ -221,8 +227,8 @@ public:
         std::lock_guard lock(mutex_);
         recorder_.fail_calls(op, k, std::numeric_limits<std::uint64_t>::max(), code);
     }
-    /// Makes the k-th call of `op` — copy_to_device_async, copy_from_device_async or
-    /// launch_host_func; other operations ignore it — succeed, then fail with `code` when it
+    /// Makes the k-th call of `op` — copy_to_device_async, copy_from_device_async,
+    /// device_memset_async or launch_host_func; other operations ignore it — succeed, then fail with `code` when it
     /// runs: no byte moves, no function is called. The failure is sticky, as a device's
     /// asynchronous errors are: every later recording on that stream — and on streams that wait
     /// for one of them — reports it (synchronize_event, event_ready) until clear_failures();
@@ -434,7 +440,7 @@ private:
                                     detail::message("mock ", to_string(op), ": ", bytes, " bytes at device address ",
                                                     device, " run outside every device allocation"));
         }
-        if (dst == nullptr || src == nullptr) {
+        if (dst == nullptr || (src == nullptr && op != MockOp::device_memset_async)) {
             return recorder_.misuse(Errc::invalid_argument,
                                     detail::message("mock ", to_string(op), ": null host pointer"));
         }
@@ -445,7 +451,8 @@ private:
         std::unique_lock lock(mutex_);
         return streams_.enqueue_copy(lock, op, stream.id, copy, [&] {
             Status checked = check_copy(op, copy.device, copy.dst, copy.src, copy.bytes);
-            return checked ? engine_.host_hazard(op, stream.id, copy.host, copy.bytes) : checked;
+            if (!checked || copy.host == nullptr) return checked;  // a memset touches no host memory
+            return engine_.host_hazard(op, stream.id, copy.host, copy.bytes);
         });
     }
 
@@ -466,5 +473,6 @@ static_assert(MemsetBackend<MockBackend>);
 static_assert(SynchronizingBackend<MockBackend>);
 static_assert(AsyncBackend<MockBackend>);
 static_assert(HostFunctionBackend<MockBackend>);
+static_assert(AsyncMemsetBackend<MockBackend>);
 
 }  // namespace devstage

@@ -34,8 +34,9 @@ enum class MockOp : std::uint8_t {
     synchronize_event,
     stream_wait_event,
     launch_host_func,
+    device_memset_async,
 };
-inline constexpr std::size_t mock_op_count = 19;
+inline constexpr std::size_t mock_op_count = 20;
 
 constexpr std::string_view to_string(MockOp op) noexcept {
     constexpr std::array<std::string_view, mock_op_count> names{
@@ -43,7 +44,7 @@ constexpr std::string_view to_string(MockOp op) noexcept {
         "pinned_malloc",     "pinned_free",       "device_memset",        "synchronize",
         "create_stream",     "destroy_stream",    "copy_to_device_async", "copy_from_device_async",
         "create_event",      "destroy_event",     "record_event",         "event_ready",
-        "synchronize_event", "stream_wait_event", "launch_host_func"};
+        "synchronize_event", "stream_wait_event", "launch_host_func",     "device_memset_async"};
     return names[static_cast<std::size_t>(op)];
 }
 

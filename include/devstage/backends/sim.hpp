@@ -146,6 +146,30 @@ public:
         return copy_async(host_dst, device_src, bytes, host_dst, device_src, stream, "copy_from_device_async");
     }
 
+    /// Enqueues setting `bytes` of device memory to `value` on `stream`. Counted in
+    /// SimStats::memsets; the link model adds one call's latency (to_device_pinned), no bytes.
+    Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
+        constexpr std::string_view what = "device_memset_async";
+        if (on_worker()) return refuse(what);
+        std::lock_guard lock(mutex_);
+        std::unique_lock queue = streams_.lock();
+        detail::SimStreams::Worker* worker = streams_.find_stream(stream.id);
+        if (worker == nullptr) return streams_.unknown_stream(what, stream.id);
+        if (bytes == 0) return {};
+        if (!is_device(device_dst, bytes)) {
+            return fail(Errc::invalid_argument,
+                        detail::message("sim ", what, ": ", bytes, " bytes at ", static_cast<const void*>(device_dst),
+                                        " are not inside one device allocation"));
+        }
+        if (!streams_.enqueue_memset(*worker, device_dst, value, bytes)) {
+            return fail(Errc::out_of_memory,
+                        detail::message("sim ", what, ": host memory exhausted enqueueing ", bytes, " bytes"));
+        }
+        ++stats_.memsets;
+        add_modeled(config_.link.to_device_pinned.latency_ns);
+        return {};
+    }
+
     Result<Event> create_event() noexcept {
         if (on_worker()) return refuse("create_event");
         std::lock_guard lock(mutex_);
@@ -310,7 +334,9 @@ private:
         const SimLinkModel& link = config_.link;
         const SimLinkCost& cost = to_device ? (pinned ? link.to_device_pinned : link.to_device_pageable)
                                             : (pinned ? link.from_device_pinned : link.from_device_pageable);
-        const std::uint64_t ns = cost.nanoseconds(bytes);
+        add_modeled(cost.nanoseconds(bytes));
+    }
+    void add_modeled(std::uint64_t ns) noexcept {
         stats_.modeled_ns = ns > std::numeric_limits<std::uint64_t>::max() - stats_.modeled_ns
                                 ? std::numeric_limits<std::uint64_t>::max()
                                 : stats_.modeled_ns + ns;
@@ -390,6 +416,7 @@ static_assert(SynchronizingBackend<SimBackend>);
 static_assert(VirtualMemoryBackend<SimBackend>);
 static_assert(AsyncBackend<SimBackend>);
 static_assert(HostFunctionBackend<SimBackend>);
+static_assert(AsyncMemsetBackend<SimBackend>);
 static_assert(PinnedQueryBackend<SimBackend>);
 
 }  // namespace devstage

@@ -125,10 +125,16 @@ Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<cons
     return bound(index, args.size(), stream, enqueued);
 }
 
+// The run is staged: its Out args are zeroed (OutputPolicy::zero), then it is live.
 template <Backend B, class Strategy>
 Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t count, Stream stream,
                                              bool enqueued) noexcept {
     Slot& slot = slots_[index];
+    if (outputs_ == OutputPolicy::zero) {
+        if (Status zeroed = detail::zero_outputs(*backend_, async(), slot, stream, stats_, enqueued); !zeroed) {
+            return failed_bind(slot, stream, enqueued, zeroed);
+        }
+    }
     slot.live = true;
     slot.uploads_pending = enqueued && !immediate;
     slot.run_leases = true;
@@ -227,6 +233,28 @@ bool Stager<B, Strategy>::uses_range(Slot& slot, const detail::HostBox& range) n
         if (inside(touched.host, touched.bytes)) return true;
     }
     return false;
+}
+
+// Every slot grown to `bytes` (and its mirror, packing), all settled first; a failed grow keeps
+// what the slot held.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::reserve(std::size_t bytes) noexcept
+    requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
+    if (slots_.empty()) return broken_;
+    const auto framed = static_cast<std::size_t>(
+        std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed || s.held; }));
+    if (live_runs() > 0 || framed > 0) return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
+    const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
+    for (std::size_t index = 0; index < slots_.size(); ++index) {  // all settled before any grows
+        if (Status settled = settle_fully(index, "reserve"); !settled) return settled;
+    }
+    for (std::size_t index = 0; index < slots_.size(); ++index) {
+        StagingLayout layout;
+        layout.required_bytes = bytes;
+        layout.packed_bytes = mirror;
+        if (Status grown = grow(index, layout, true); !grown) return grown;
+    }
+    return {};
 }
 
 // Grows slot `index` to hold `layout`, giving replaced memory back in stream order.

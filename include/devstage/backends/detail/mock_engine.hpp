@@ -52,6 +52,7 @@ public:
         std::size_t bytes = 0;
         const void* device = nullptr;  // copies: the device side
         const void* host = nullptr;    // copies: the host side
+        int value = 0;                 // device_memset_async
         HostFunction function = nullptr;
         void* user_data = nullptr;
         std::shared_ptr<Recording> recording;  // record_event: completes it; stream_wait_event: waits for it
@@ -173,12 +174,15 @@ public:
         return used_by_pending(op, pointer, bytes, side);
     }
 
-    /// Busy when a pending copy's `side` overlaps [pointer, pointer + bytes).
+    /// Busy when a pending copy's `side` (or a pending memset, on the device side) overlaps
+    /// [pointer, pointer + bytes).
     Status used_by_pending(MockOp op, const void* pointer, std::size_t bytes, Side side) noexcept {
         const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
         for (const auto& [id, stream] : streams_) {
             for (const Pending& pending : stream.queue) {
-                if (pending.op != MockOp::copy_to_device_async && pending.op != MockOp::copy_from_device_async) {
+                const bool memset = pending.op == MockOp::device_memset_async;
+                if (pending.op != MockOp::copy_to_device_async && pending.op != MockOp::copy_from_device_async &&
+                    !(memset && side == Side::device)) {
                     continue;
                 }
                 const auto other =
@@ -315,6 +319,8 @@ private:
             if (async_failure_.ok()) async_failure_ = head.failure;
         } else if (head.op == MockOp::copy_to_device_async || head.op == MockOp::copy_from_device_async) {
             std::memcpy(head.dst, head.src, head.bytes);
+        } else if (head.op == MockOp::device_memset_async) {
+            std::memset(head.dst, head.value, head.bytes);
         } else if (head.op == MockOp::record_event) {
             head.recording->failure = stream.failure;  // sticky: every later recording reports it
             head.recording->done = true;

@@ -31,10 +31,11 @@ public:
     /// An asynchronous copy: from `src` to `dst`; `device` and `host` are its two sides.
     struct Copy {
         void* dst;
-        const void* src;
+        const void* src;  // null: a memset of dst to `value`
         std::size_t bytes;
         const void* device;
         const void* host;
+        int value = 0;
     };
 
     /// `not_ready_polls`: MockConfig::not_ready_polls.
@@ -103,6 +104,7 @@ public:
                                                     .bytes = copy.bytes,
                                                     .device = copy.device,
                                                     .host = copy.host,
+                                                    .value = copy.value,
                                                     .recording = {},
                                                     .failure = recorder_.failure_when_run(op, call, stream)});
             })) {

@@ -40,11 +40,12 @@ public:
         bool done = false;
     };
     struct Task {
-        enum class Kind : std::uint8_t { copy, bounced_copy, host_function, signal, wait };
+        enum class Kind : std::uint8_t { copy, bounced_copy, memset, host_function, signal, wait };
         Kind kind = Kind::signal;
         void* dst = nullptr;
         const void* src = nullptr;
         std::size_t bytes = 0;
+        int value = 0;  // memset
         HostFunction function = nullptr;
         void* user_data = nullptr;
         // signal and copy: marked done once the task ran; wait: the recording waited for.
@@ -263,6 +264,19 @@ public:
         return true;
     }
 
+    /// The queue lock held. Enqueues setting `bytes` at `dst` to `value` on `worker`. False
+    /// when host memory ran out; nothing is enqueued then.
+    bool enqueue_memset(Worker& worker, void* dst, int value, std::size_t bytes) noexcept {
+        if (!without_bad_alloc([&] {
+                worker.queue.push_back(
+                    Task{.kind = Task::Kind::memset, .dst = dst, .bytes = bytes, .value = value, .marker = nullptr});
+            })) {
+            return false;
+        }
+        worker.work.notify_one();
+        return true;
+    }
+
     /// Waits, `queue` held, until `marker` is done.
     void wait(std::unique_lock<std::mutex>& queue, const Marker& marker) noexcept {
         idle_.wait(queue, [&marker] { return marker.done; });
@@ -322,6 +336,9 @@ private:
                 break;
             case Task::Kind::bounced_copy:
                 bounce_.copy(task.dst, task.src, task.bytes);
+                break;
+            case Task::Kind::memset:
+                std::memset(task.dst, task.value, task.bytes);
                 break;
             case Task::Kind::host_function:
                 task.function(task.user_data);
