@@ -109,3 +109,25 @@ TEMPLATE_LIST_TEST_CASE("vmm: results equal the per-tensor reference; destructio
     REQUIRE(reservation.ok());
     CHECK(backend->vmm_release(*reservation).ok());
 }
+
+TEMPLATE_LIST_TEST_CASE("vmm: an Out the kernel leaves unwritten reads back as zeros, across a grow", "[vmm][zeroing]",
+                        VmmBackends) {
+    using namespace devstage;
+    auto backend = test::make_backend<TestType>();
+    Stager<TestType, RetainedVmm<>> stager(*backend, RetainedVmm<>(std::size_t{256} << 20));
+    const std::size_t granularity = backend->vmm_granularity();
+    std::vector<std::byte> host(granularity + 100, std::byte{0xAB});
+    auto in = vmm_suite::one_arg(host, granularity, Direction::In);
+    auto run = stager.bind(in);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    for (const std::size_t bytes : {granularity, granularity + 100}) {  // the second one grows in place
+        std::fill(host.begin(), host.end(), std::byte{0xCD});
+        auto out = vmm_suite::one_arg(host, bytes, Direction::Out);
+        run = stager.bind(out);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        CHECK(devstage::test::same_bytes(std::span(host).first(bytes), std::vector<std::byte>(bytes)));
+    }
+    CHECK(stager.stats().zeroing_calls == 2);
+}
