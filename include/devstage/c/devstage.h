@@ -1,0 +1,422 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * devstage's C interface: staging a run's host tensors on an accelerator from C99, C++17 or
+ * any language with a C FFI (Python's ctypes). Implemented by the compiled library devstage_c
+ * (pkg-config devstage-c, CMake devstage::devstage_c); the C++20 headers stay header-only.
+ *
+ *   devstage_backend* sim;
+ *   devstage_stager* stager;
+ *   devstage_run* run;
+ *   if (devstage_backend_create_sim(0, &sim) != DEVSTAGE_OK) die(devstage_last_message());
+ *   devstage_stager_create(sim, NULL, &stager);          (NULL: retained buffer, one slot)
+ *   devstage_bind(stager, args, 3, &run);                 (uploads In and InOut args)
+ *   devstage_run_device_args(run, device_args, 3);        (launch the kernel on these)
+ *   devstage_finish(stager, run, DEVSTAGE_OK);            (copies back Out and InOut args)
+ *
+ * Conventions. Every function returns a devstage_status; DEVSTAGE_OK is success. After a call
+ * that did not return DEVSTAGE_OK, devstage_last_message() gives its message (which operation,
+ * which sizes, which backend); a failed call takes nothing and leaves its outputs NULL. Handles
+ * are opaque; each kind has a destroy function that accepts NULL. A backend, stager or pool
+ * keeps what it was made from alive, so they may be destroyed in any order. A stager, its runs,
+ * frames and completions are used from one thread; backends and pinned pools are thread-safe.
+ * No exception crosses this interface. See docs/c_api.md.
+ */
+#ifndef DEVSTAGE_C_DEVSTAGE_H
+#define DEVSTAGE_C_DEVSTAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define DEVSTAGE_C_API __attribute__((visibility("default")))
+#else
+#define DEVSTAGE_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+/* The outcome of a call: one of the codes below (devstage's Errc, value for value). This and the
+ * other enumerated types of the interface are ints, so a value from C outside the list is data
+ * the library checks, not undefined behaviour in its C++. */
+typedef int devstage_status;
+enum devstage_status_code {
+    DEVSTAGE_OK = 0,
+    DEVSTAGE_OUT_OF_MEMORY = 1,     /* the backend (or a cap) could not provide the bytes */
+    DEVSTAGE_INVALID_ARGUMENT = 2,  /* the caller passed something the contract forbids */
+    DEVSTAGE_BUSY = 3,              /* in use by a live run, or every slot is held */
+    DEVSTAGE_BACKEND_FAILURE = 4,   /* the backend failed (a callback returned non-zero) */
+    DEVSTAGE_UNKNOWN_POINTER = 5,   /* never handed out, or already given back */
+    DEVSTAGE_NOT_SUPPORTED = 6,     /* the backend or stager lacks the capability */
+    DEVSTAGE_LIBRARY_NOT_FOUND = 7, /* a runtime library (libcudart, libascendcl) did not load */
+    DEVSTAGE_LEAKED = 8             /* memory still held when its owner went away */
+};
+
+/* The message of the last call on this thread that did not return DEVSTAGE_OK ("" after a
+ * call that succeeded). Valid until the next devstage call on this thread. */
+DEVSTAGE_C_API const char* devstage_last_message(void);
+
+/* A stable lower-case name: "ok", "out_of_memory", ... ("unknown" for other values). */
+DEVSTAGE_C_API const char* devstage_status_name(devstage_status status);
+
+/* ---- backends ---------------------------------------------------------------------------- */
+
+typedef struct devstage_backend devstage_backend;
+
+/* A stream or an event of a backend: the runtime's own handle (a cudaStream_t, an aclrtStream,
+ * what a create_stream callback returned) or one the simulator made, cast to this type. */
+typedef struct devstage_stream_handle* devstage_stream;
+typedef struct devstage_event_handle* devstage_event;
+
+/* The simulator: device memory emulated in host memory, page-locked pinned memory, a worker
+ * thread per stream. device_capacity: bytes device_malloc may hand out (0: 64 GiB). */
+DEVSTAGE_C_API devstage_status devstage_backend_create_sim(size_t device_capacity, devstage_backend** out);
+
+/* CUDA device `device` through libcudart, loaded at run time (library_path NULL: as
+ * CudaBackend::create looks for it). DEVSTAGE_LIBRARY_NOT_FOUND when it cannot be loaded. */
+DEVSTAGE_C_API devstage_status devstage_backend_create_cuda(int device, const char* library_path,
+                                                            devstage_backend** out);
+
+/* Ascend device `device` through libascendcl, loaded at run time (library_path NULL: as
+ * AscendBackend::create looks for it). */
+DEVSTAGE_C_API devstage_status devstage_backend_create_ascend(int device, const char* library_path,
+                                                              devstage_backend** out);
+
+/* A runtime's platform callbacks. Every callback gets `context` first. The four required ones
+ * have the shape of a runtime's device_malloc / device_free / copy hooks; pinned memory and
+ * streams are optional groups (all of a group or none of it), and so is each memset. A callback returning int returns 0 on success and
+ * anything else on failure (reported as DEVSTAGE_BACKEND_FAILURE naming the value). Callbacks
+ * may be called from several threads at once (a pinned pool is thread-safe) and must not call
+ * back into devstage. */
+typedef struct devstage_callbacks {
+    const char* name; /* the backend's name in messages (copied; NULL: "callbacks") */
+    void* context;    /* must outlive the backend and everything made from it */
+
+    /* Required. device_malloc returns NULL when out of memory; it is never called with 0.
+     * devstage keeps the set of live allocations: a pointer it did not get from device_malloc
+     * (or already freed) is refused with DEVSTAGE_UNKNOWN_POINTER and never reaches device_free. */
+    void* (*device_malloc)(void* context, size_t bytes);
+    void (*device_free)(void* context, void* device);
+    int (*copy_to_device)(void* context, void* device_dst, const void* host_src, size_t bytes);
+    int (*copy_from_device)(void* context, void* host_dst, const void* device_src, size_t bytes);
+
+    /* Optional: page-locked host memory (needed by pinned pools and packing stagers); tracked
+     * like device memory. */
+    void* (*pinned_malloc)(void* context, size_t bytes);
+    void (*pinned_free)(void* context, void* host);
+
+    /* Optional: streams and events. Without them every stream devstage hands out is immediate:
+     * its copies are done when the call returns and its events are always complete. */
+    int (*create_stream)(void* context, void** stream);
+    int (*destroy_stream)(void* context, void* stream);
+    int (*copy_to_device_async)(void* context, void* device_dst, const void* host_src, size_t bytes, void* stream);
+    int (*copy_from_device_async)(void* context, void* host_dst, const void* device_src, size_t bytes, void* stream);
+    int (*create_event)(void* context, void** event);
+    int (*destroy_event)(void* context, void* event);
+    int (*record_event)(void* context, void* event, void* stream);
+    int (*event_ready)(void* context, void* event, int* ready); /* never blocks; *ready 1 or 0 */
+    int (*synchronize_event)(void* context, void* event);       /* the host blocks */
+    int (*stream_wait_event)(void* context, void* stream, void* event);
+
+    /* Optional: setting device memory, which stagers use to zero Out args (see output_policy);
+     * device_memset_async needs the stream callbacks. Without them devstage uploads zeros. */
+    int (*device_memset)(void* context, void* device_dst, int value, size_t bytes);
+    int (*device_memset_async)(void* context, void* device_dst, int value, size_t bytes, void* stream);
+} devstage_callbacks;
+
+/* A backend over `callbacks` (copied). A required callback missing, or a group given in part,
+ * is DEVSTAGE_INVALID_ARGUMENT naming what is missing. */
+DEVSTAGE_C_API devstage_status devstage_backend_create_callbacks(const devstage_callbacks* callbacks,
+                                                                 devstage_backend** out);
+
+/* Gives up the caller's reference. Stagers and pools made from the backend keep it alive; the
+ * backend is destroyed with the last of them. Allocations never freed are reported (their
+ * memory is the runtime's to reclaim). */
+DEVSTAGE_C_API devstage_status devstage_backend_destroy(devstage_backend* backend);
+
+/* What a backend is and offers. */
+typedef struct devstage_backend_info {
+    const char* name; /* "sim", "cuda", "ascend" or the callbacks' name; valid with the backend */
+    int pinned;       /* 1: page-locked host memory (pinned pools, packing stagers) */
+    int streams;      /* 1: streams run asynchronously; 0: they are immediate */
+} devstage_backend_info;
+
+DEVSTAGE_C_API devstage_status devstage_backend_get_info(const devstage_backend* backend, devstage_backend_info* info);
+
+/* Device memory, for tensors that stay on the device (weights, a KV cache). */
+DEVSTAGE_C_API devstage_status devstage_device_malloc(devstage_backend* backend, size_t bytes, void** device);
+DEVSTAGE_C_API devstage_status devstage_device_free(devstage_backend* backend, void* device);
+DEVSTAGE_C_API devstage_status devstage_copy_to_device(devstage_backend* backend, void* device_dst,
+                                                       const void* host_src, size_t bytes);
+DEVSTAGE_C_API devstage_status devstage_copy_from_device(devstage_backend* backend, void* host_dst,
+                                                         const void* device_src, size_t bytes);
+
+/* Page-locked host memory straight from the backend (a pinned pool caches it instead). */
+DEVSTAGE_C_API devstage_status devstage_pinned_malloc(devstage_backend* backend, size_t bytes, void** host);
+DEVSTAGE_C_API devstage_status devstage_pinned_free(devstage_backend* backend, void* host);
+
+/* Streams: the caller owns the streams it creates and destroys them. */
+DEVSTAGE_C_API devstage_status devstage_stream_create(devstage_backend* backend, devstage_stream* stream);
+DEVSTAGE_C_API devstage_status devstage_stream_destroy(devstage_backend* backend, devstage_stream stream);
+/* Blocks until the work enqueued on `stream` so far completed. */
+DEVSTAGE_C_API devstage_status devstage_stream_synchronize(devstage_backend* backend, devstage_stream stream);
+DEVSTAGE_C_API devstage_status devstage_copy_to_device_async(devstage_backend* backend, void* device_dst,
+                                                             const void* host_src, size_t bytes,
+                                                             devstage_stream stream);
+DEVSTAGE_C_API devstage_status devstage_copy_from_device_async(devstage_backend* backend, void* host_dst,
+                                                               const void* device_src, size_t bytes,
+                                                               devstage_stream stream);
+
+/* Events: an event never recorded is complete. */
+DEVSTAGE_C_API devstage_status devstage_event_create(devstage_backend* backend, devstage_event* event);
+DEVSTAGE_C_API devstage_status devstage_event_destroy(devstage_backend* backend, devstage_event event);
+DEVSTAGE_C_API devstage_status devstage_event_record(devstage_backend* backend, devstage_event event,
+                                                     devstage_stream stream);
+/* *ready: 1 once the work before the recording completed, else 0. Never blocks. */
+DEVSTAGE_C_API devstage_status devstage_event_ready(devstage_backend* backend, devstage_event event, int* ready);
+DEVSTAGE_C_API devstage_status devstage_event_synchronize(devstage_backend* backend, devstage_event event);
+/* Work enqueued on `stream` afterwards waits for `event`; the host does not block. */
+DEVSTAGE_C_API devstage_status devstage_stream_wait_event(devstage_backend* backend, devstage_stream stream,
+                                                          devstage_event event);
+
+/* ---- stagers ----------------------------------------------------------------------------- */
+
+typedef struct devstage_stager devstage_stager;
+typedef struct devstage_run devstage_run;
+typedef struct devstage_completion devstage_completion;
+typedef struct devstage_frame devstage_frame;
+
+typedef int devstage_strategy;
+enum devstage_strategy_value {
+    DEVSTAGE_STRATEGY_RETAINED = 0,  /* RetainedBump: one device buffer per slot, kept across runs */
+    DEVSTAGE_STRATEGY_PER_TENSOR = 1 /* PerTensorMalloc: one allocation per staged arg per run */
+};
+
+typedef int devstage_growth;
+enum devstage_growth_value {
+    DEVSTAGE_GROWTH_EXACT = 0,     /* to exactly what the run requires */
+    DEVSTAGE_GROWTH_GEOMETRIC = 1, /* to max(required, current * numerator / denominator) */
+    DEVSTAGE_GROWTH_GRANULAR = 2   /* required rounded up to a multiple of granule */
+};
+
+typedef int devstage_grow_order;
+enum devstage_grow_order_value {
+    DEVSTAGE_GROW_ALLOCATE_FIRST = 0, /* allocate the new buffer, then free the old */
+    DEVSTAGE_GROW_FREE_FIRST = 1      /* free the old buffer first (least peak memory) */
+};
+
+/* The packing limits the library is built with (a stager packs args of at most this many bytes
+ * into one copy each way); pack_limit must be 0 or one of them. */
+#define DEVSTAGE_PACK_LIMIT_4K ((size_t)4096)
+#define DEVSTAGE_PACK_LIMIT_16K ((size_t)16384)
+#define DEVSTAGE_PACK_LIMIT_64K ((size_t)65536)
+
+/* What a bind does with the device bytes of Out args before the kernel can see them. */
+typedef int devstage_output_policy;
+enum devstage_output_policy_value {
+    DEVSTAGE_OUTPUT_ZERO = 0,             /* set to zero (a device memset, else zeros uploaded) */
+    DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL = 1 /* left as they are: the kernel writes every byte */
+};
+
+/* How a stager stages. All zeros (or NULL) is the default: retained, no packing, one slot,
+ * exact growth, allocate first, no cap, Out args zeroed. Slices are aligned to 1024 bytes. */
+typedef struct devstage_stager_config {
+    devstage_strategy strategy;
+    size_t pack_limit;          /* 0: one copy per arg; else a DEVSTAGE_PACK_LIMIT_* (retained
+                                   only, and the backend needs pinned memory) */
+    size_t pipeline_slots;      /* 0 counts as 1; at most 256 */
+    devstage_growth growth;     /* the retained strategy only, as are the next five fields */
+    uint32_t growth_numerator;  /* geometric: a factor above 1 (numerator > denominator > 0) */
+    uint32_t growth_denominator;
+    size_t growth_granule;      /* granular: a power of two */
+    size_t growth_cap;          /* 0: none; else a plan over it fails, a grow past it is clamped */
+    devstage_grow_order grow_order;
+    devstage_output_policy output_policy;
+} devstage_stager_config;
+
+/* Where a stager or pool reports failures that have no caller to return to (a dropped run, a
+ * completion destroyed unwaited, a free that failed while destroying). Default: stderr. */
+typedef void (*devstage_error_sink)(void* context, devstage_status status, const char* message);
+
+DEVSTAGE_C_API devstage_status devstage_stager_create(devstage_backend* backend, const devstage_stager_config* config,
+                                                      devstage_stager** out);
+/* Waits for pending work, releases a live run and every retained buffer. Returns the first
+ * failure met doing so (also given to the error sink), else DEVSTAGE_OK. */
+DEVSTAGE_C_API devstage_status devstage_stager_destroy(devstage_stager* stager);
+DEVSTAGE_C_API devstage_status devstage_stager_set_error_sink(devstage_stager* stager, devstage_error_sink sink,
+                                                              void* context);
+/* Gives back all device memory now (waiting for pending work); the stager stays usable. */
+DEVSTAGE_C_API devstage_status devstage_stager_release(devstage_stager* stager);
+/* Grows every slot to at least `bytes` now (retained strategy only). */
+DEVSTAGE_C_API devstage_status devstage_stager_reserve(devstage_stager* stager, size_t bytes);
+
+typedef int devstage_direction;
+enum devstage_direction_value {
+    DEVSTAGE_IN = 0,    /* uploaded before the run, never copied back */
+    DEVSTAGE_OUT = 1,   /* not uploaded, copied back after a successful run */
+    DEVSTAGE_IN_OUT = 2 /* uploaded, and copied back after a successful run */
+};
+
+typedef int devstage_placement;
+enum devstage_placement_value {
+    DEVSTAGE_HOST = 0,  /* host memory, staged on the device for the run */
+    DEVSTAGE_DEVICE = 1 /* caller-owned device memory, passed through untouched */
+};
+
+/* One argument of a run. bytes > 0 needs data != NULL; a zero-byte arg stages as NULL. */
+typedef struct devstage_tensor_arg {
+    void* data;
+    size_t bytes;
+    devstage_direction direction;
+    devstage_placement placement;
+} devstage_tensor_arg;
+
+/* Plans, grows if needed and uploads the In and InOut args; *run holds the device view until
+ * finish. DEVSTAGE_BUSY when every slot holds a live run. On failure everything taken is
+ * released. devstage_bind returns once the uploads are on the device; devstage_bind_on enqueues
+ * them on `stream` (the device args are valid for work enqueued there afterwards, and In data
+ * must not change until the run's completion is ready). */
+DEVSTAGE_C_API devstage_status devstage_bind(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
+                                             devstage_run** run);
+DEVSTAGE_C_API devstage_status devstage_bind_on(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
+                                                devstage_stream stream, devstage_run** run);
+
+/* Copies the run's device pointers, in input order, into device_args[0..count): staged args
+ * point at device memory, device args are unchanged, zero-byte args are NULL. `count` must be
+ * the bind's count. */
+DEVSTAGE_C_API devstage_status devstage_run_device_args(const devstage_run* run, void** device_args, size_t count);
+DEVSTAGE_C_API devstage_status devstage_run_slot(const devstage_run* run, size_t* slot);
+
+/* Ends the run: copies back Out and InOut args when `execution` is DEVSTAGE_OK (pass the
+ * kernel's failure to copy nothing back), releases what the run holds, and returns the first
+ * failure of its own copy-backs and releases. The kernel must have completed. The run handle
+ * is consumed, except for a run of another stager (DEVSTAGE_INVALID_ARGUMENT): that one is
+ * left as it was. */
+DEVSTAGE_C_API devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devstage_status execution);
+/* As devstage_finish, enqueued on `stream` after the kernel there; *completion tells when the
+ * outputs are in host memory. On another stream than the bind's, `stream` first waits for the
+ * bind's. */
+DEVSTAGE_C_API devstage_status devstage_finish_on(devstage_stager* stager, devstage_run* run, devstage_stream stream,
+                                                  devstage_status execution, devstage_completion** completion);
+/* Drops a run without finishing it: releases its memory, copies nothing back. */
+DEVSTAGE_C_API devstage_status devstage_run_destroy(devstage_run* run);
+
+/* Blocks until the run's copy-backs are in host memory; the run's asynchronous failure, or
+ * DEVSTAGE_OK. Repeated calls return the same. */
+DEVSTAGE_C_API devstage_status devstage_completion_wait(devstage_completion* completion);
+/* *ready: 1 once the outputs are in host memory, else 0. Never blocks. */
+DEVSTAGE_C_API devstage_status devstage_completion_ready(devstage_completion* completion, int* ready);
+/* Waits if it was not waited for (returning that wait's result), then frees the handle. */
+DEVSTAGE_C_API devstage_status devstage_completion_destroy(devstage_completion* completion);
+
+/* Inputs written in place (packing stagers). `device` NULL: a host tensor, given space in the
+ * frame; set: a device-resident tensor passed through at its position. */
+typedef struct devstage_tensor_shape {
+    size_t bytes;
+    devstage_direction direction;
+    void* device;
+} devstage_tensor_shape;
+
+/* The pinned mirror of a free slot laid out for `shapes`: write the inputs into
+ * devstage_frame_host(), then bind the frame. The frame holds its slot until the run that bound
+ * it ends (a synchronous finish, or the destruction of its completion) or the stager is
+ * released; DEVSTAGE_NOT_SUPPORTED on a stager with pack_limit 0. */
+DEVSTAGE_C_API devstage_status devstage_frame_create(devstage_stager* stager, const devstage_tensor_shape* shapes,
+                                                     size_t count, devstage_frame** frame);
+/* Tensor i's bytes in the frame (aligned to 1024); NULL and 0 for a device-resident or
+ * zero-byte tensor. Outputs are copied back here. */
+DEVSTAGE_C_API devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void** data, size_t* bytes);
+DEVSTAGE_C_API devstage_status devstage_bind_frame(devstage_stager* stager, const devstage_frame* frame,
+                                                   devstage_run** run);
+DEVSTAGE_C_API devstage_status devstage_bind_frame_on(devstage_stager* stager, const devstage_frame* frame,
+                                                      devstage_stream stream, devstage_run** run);
+/* Frees the handle (a view). Its memory stays valid while the frame's slot is held. */
+DEVSTAGE_C_API devstage_status devstage_frame_destroy(devstage_frame* frame);
+
+/* A stager's counters since its creation (StagerStats, field for field). */
+typedef struct devstage_stager_stats {
+    uint64_t runs;
+    uint64_t regrows;
+    uint64_t grow_failures;
+    uint64_t grows_allocate_first;
+    uint64_t grows_free_first;
+    uint64_t grows_exact_fallback;
+    uint64_t alignment_retries;
+    uint64_t mirror_alignment_retries;
+    uint64_t address_changes;
+    uint64_t device_mallocs;
+    uint64_t device_frees;
+    uint64_t free_failures;
+    uint64_t deferred_frees;
+    uint64_t retained_bytes;
+    uint64_t mirror_bytes;
+    uint64_t high_water_bytes;
+    uint64_t bytes_to_device;
+    uint64_t bytes_from_device;
+    uint64_t uploads;
+    uint64_t copy_backs;
+    uint64_t async_uploads;
+    uint64_t async_copy_backs;
+    uint64_t packed_args;
+    uint64_t mirror_copy_bytes;
+    uint64_t host_waits;
+    uint64_t hazard_stream_waits;
+    uint64_t hazard_settles;
+    uint64_t uploads_skipped;
+    uint64_t copy_backs_skipped;
+    uint64_t zeroing_calls;
+    uint64_t zeroed_bytes;
+    uint64_t zero_uploads;
+} devstage_stager_stats;
+
+DEVSTAGE_C_API devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstage_stager_stats* stats);
+
+/* ---- the pinned host pool ---------------------------------------------------------------- */
+
+typedef struct devstage_pinned_pool devstage_pinned_pool;
+
+/* A thread-safe cache of page-locked host memory over `backend` (which needs pinned memory).
+ * Released blocks are kept by size class, up to max_cached_bytes in all (0 caches nothing). */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_create(devstage_backend* backend, size_t max_cached_bytes,
+                                                           devstage_pinned_pool** out);
+/* Frees the cache and every allocation never freed (waiting for recorded work first). Returns
+ * DEVSTAGE_LEAKED naming what was still allocated, else the first failure, else DEVSTAGE_OK. */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_destroy(devstage_pinned_pool* pool);
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_set_error_sink(devstage_pinned_pool* pool, devstage_error_sink sink,
+                                                                   void* context);
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_allocate(devstage_pinned_pool* pool, size_t bytes, void** host);
+/* Gives an allocation back: to the cache, or once recorded work completed. A pointer the pool
+ * did not hand out, or one already given back, is DEVSTAGE_UNKNOWN_POINTER. */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_free(devstage_pinned_pool* pool, void* host);
+/* Work enqueued on `stream` uses the allocation: once given back it is reused only after that
+ * work completed. Never blocks. */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_record(devstage_pinned_pool* pool, const void* host,
+                                                           devstage_stream stream);
+/* Frees the cached blocks now (waiting for their recorded work). */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_trim(devstage_pinned_pool* pool);
+
+typedef struct devstage_pinned_stats {
+    uint64_t live_allocations;
+    uint64_t live_bytes;
+    uint64_t peak_live_bytes;
+    uint64_t cached_blocks;
+    uint64_t cached_bytes;
+    uint64_t cache_hits;
+    uint64_t cache_misses;
+    uint64_t backend_allocations;
+    uint64_t backend_frees;
+    uint64_t pending_blocks;
+    uint64_t pending_bytes;
+} devstage_pinned_stats;
+
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_stats(const devstage_pinned_pool* pool,
+                                                          devstage_pinned_stats* stats);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DEVSTAGE_C_DEVSTAGE_H */

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private to devstage_c: the one backend type the C library's stagers and pinned pools are
+// instantiated on. Each C backend handle holds one AnyBackend: a concrete backend (SimBackend,
+// CudaBackend, AscendBackend) wrapped by Wrapped<B>, or the runtime callbacks of a C caller.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "devstage/backend.hpp"
+#include "devstage/c/devstage.h"
+#include "devstage/status.hpp"
+
+namespace devstage::capi {
+
+/// A Backend, PinnedHostBackend and AsyncBackend whose operations are virtual. Streams and
+/// events are the runtime's handles as `void*`. A backend without pinned memory answers
+/// not_supported to pinned_malloc (has_pinned() tells first); one without streams hands out
+/// immediate ones (has_streams() is false). Thread-safe where the runtime is.
+class AnyBackend {
+public:
+    /// The alignment every runtime honours; the strategies align their slices to 1024 and ask
+    /// for slack only when an allocation comes back misaligned.
+    static constexpr std::size_t device_alignment = 1;
+
+    struct Stream {
+        void* handle = nullptr;
+        friend bool operator==(Stream, Stream) = default;
+    };
+    struct Event {
+        void* handle = nullptr;
+        friend bool operator==(Event, Event) = default;
+    };
+
+    AnyBackend() = default;
+    AnyBackend(const AnyBackend&) = delete;
+    AnyBackend& operator=(const AnyBackend&) = delete;
+    virtual ~AnyBackend() = default;
+
+    virtual std::string_view name() const noexcept = 0;
+    virtual bool has_pinned() const noexcept = 0;
+    virtual bool has_streams() const noexcept = 0;
+
+    virtual Result<void*> device_malloc(std::size_t bytes) noexcept = 0;
+    virtual Status device_free(void* pointer) noexcept = 0;
+    virtual Status copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) noexcept = 0;
+    virtual Status copy_from_device(void* host_dst, const void* device_src, std::size_t bytes) noexcept = 0;
+    virtual Result<void*> pinned_malloc(std::size_t bytes) noexcept = 0;
+    virtual Status pinned_free(void* pointer) noexcept = 0;
+
+    virtual Result<Stream> create_stream() noexcept = 0;
+    virtual Status destroy_stream(Stream stream) noexcept = 0;
+    virtual Status copy_to_device_async(void* device_dst, const void* host_src, std::size_t bytes,
+                                        Stream stream) noexcept = 0;
+    virtual Status copy_from_device_async(void* host_dst, const void* device_src, std::size_t bytes,
+                                          Stream stream) noexcept = 0;
+    virtual Result<Event> create_event() noexcept = 0;
+    virtual Status destroy_event(Event event) noexcept = 0;
+    virtual Status record_event(Event event, Stream stream) noexcept = 0;
+    virtual Result<bool> event_ready(Event event) noexcept = 0;
+    virtual Status synchronize_event(Event event) noexcept = 0;
+    virtual Status stream_wait_event(Stream stream, Event event) noexcept = 0;
+    /// Sets device memory on `stream` (the stagers zero Out args with it); a backend that
+    /// cannot uploads zeros there instead, so only `value` 0 is sure to work everywhere.
+    virtual Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept = 0;
+
+    /// What is still allocated through this backend and was never freed, as a leaked Status
+    /// (ok when nothing is); the callback backend frees it first. Called once, before destruction.
+    virtual Status close() noexcept { return {}; }
+};
+
+static_assert(Backend<AnyBackend>);
+static_assert(PinnedHostBackend<AnyBackend>);
+static_assert(AsyncBackend<AnyBackend>);
+static_assert(AsyncMemsetBackend<AnyBackend>);
+
+/// Shared by the C handles made from a backend: the last owner closes it (a leak report goes to
+/// stderr then) and destroys it.
+using BackendPtr = std::shared_ptr<AnyBackend>;
+
+/// Owns `backend` (not null). Throws std::bad_alloc, after destroying it, when no host memory
+/// is left for the shared state.
+inline BackendPtr share(AnyBackend* backend) {
+    return BackendPtr(backend, [](AnyBackend* owned) noexcept {
+        if (Status closed = owned->close(); !closed) stderr_error_sink(closed);
+        delete owned;
+    });
+}
+
+/// The backends a C caller can choose at run time. They throw std::bad_alloc when host memory
+/// runs out (the C entry points turn it into DEVSTAGE_OUT_OF_MEMORY).
+Result<BackendPtr> make_sim_backend(std::size_t device_capacity);
+Result<BackendPtr> make_cuda_backend(int device, const char* library_path);
+Result<BackendPtr> make_ascend_backend(int device, const char* library_path);
+Result<BackendPtr> make_callback_backend(const devstage_callbacks& callbacks);
+
+}  // namespace devstage::capi

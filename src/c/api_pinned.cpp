@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pinned-pool entry points of the C interface: a PinnedHostPool over a C backend, handing
+// out raw pointers.
+
+#include <cstddef>
+#include <memory>
+#include <utility>
+
+#include "devstage/c/devstage.h"
+#include "devstage/detail/message.hpp"
+#include "handles.hpp"
+
+using namespace devstage::capi;  // the entry points' helpers
+using devstage::Errc;
+using devstage::Result;
+using devstage::Status;
+
+namespace {
+
+// Runs `operation(pool)` on a pool handle that must not be NULL.
+template <class Operation>
+devstage_status on_pool(const char* function, const devstage_pinned_pool* pool, Operation&& operation) noexcept {
+    return guarded(function, [&] {
+        if (pool == nullptr) return null_argument(function, "pool");
+        return operation(*pool->pool);
+    });
+}
+
+}  // namespace
+
+extern "C" {
+
+devstage_status devstage_pinned_pool_create(devstage_backend* backend, size_t max_cached_bytes,
+                                            devstage_pinned_pool** out) {
+    return created("devstage_pinned_pool_create", backend, out, [&](devstage_pinned_pool& handle) {
+        if (!handle.backend->has_pinned()) {
+            return Status(Errc::not_supported,
+                          devstage::detail::message("devstage_pinned_pool_create: backend '", handle.backend->name(),
+                                                    "' has no pinned host memory (no "
+                                                    "pinned_malloc and pinned_free callbacks)"));
+        }
+        handle.pool = std::make_unique<PinnedPool>(*handle.backend, devstage::CachingPinned{max_cached_bytes});
+        handle.pool->set_error_sink(handle.sink.sink());
+        return Status();
+    });
+}
+
+devstage_status devstage_pinned_pool_destroy(devstage_pinned_pool* pool) {
+    return destroyed("devstage_pinned_pool_destroy", pool, &devstage_pinned_pool::pool);
+}
+
+devstage_status devstage_pinned_pool_set_error_sink(devstage_pinned_pool* pool, devstage_error_sink sink,
+                                                    void* context) {
+    return on_pool("devstage_pinned_pool_set_error_sink", pool, [&](PinnedPool& p) {
+        pool->sink.function = sink;
+        pool->sink.context = context;
+        p.set_error_sink(pool->sink.sink());
+        return report(Status());
+    });
+}
+
+devstage_status devstage_pinned_pool_allocate(devstage_pinned_pool* pool, size_t bytes, void** host) {
+    return on_pool("devstage_pinned_pool_allocate", pool, [&](PinnedPool& p) {
+        if (host == nullptr) return null_argument("devstage_pinned_pool_allocate", "host");
+        *host = nullptr;
+        Result<void*> memory = p.allocate_raw(bytes);
+        if (!memory) return report(memory.status());
+        *host = *memory;
+        return report(Status());
+    });
+}
+
+devstage_status devstage_pinned_pool_free(devstage_pinned_pool* pool, void* host) {
+    return on_pool("devstage_pinned_pool_free", pool, [&](PinnedPool& p) { return report(p.release(host)); });
+}
+
+devstage_status devstage_pinned_pool_record(devstage_pinned_pool* pool, const void* host, devstage_stream stream) {
+    return on_pool("devstage_pinned_pool_record", pool, [&](PinnedPool& p) {
+        return report(p.record(host, AnyBackend::Stream{static_cast<void*>(stream)}));
+    });
+}
+
+devstage_status devstage_pinned_pool_trim(devstage_pinned_pool* pool) {
+    return on_pool("devstage_pinned_pool_trim", pool, [&](PinnedPool& p) { return report(p.trim()); });
+}
+
+devstage_status devstage_pinned_pool_stats(const devstage_pinned_pool* pool, devstage_pinned_stats* stats) {
+    return on_pool("devstage_pinned_pool_stats", pool, [&](const PinnedPool& p) {
+        if (stats == nullptr) return null_argument("devstage_pinned_pool_stats", "stats");
+        const devstage::PinnedStats s = p.stats();
+        *stats = devstage_pinned_stats{s.live_allocations, s.live_bytes,     s.peak_live_bytes, s.cached_blocks,
+                                       s.cached_bytes,     s.cache_hits,     s.cache_misses,    s.backend_allocations,
+                                       s.backend_frees,    s.pending_blocks, s.pending_bytes};
+        return report(Status());
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// The simulator as a C backend.
+#include <cstddef>
+#include <utility>
+
+#include "any_backend.hpp"
+#include "devstage/backends/sim.hpp"
+#include "wrapped_backend.hpp"
+
+namespace devstage::capi {
+
+Result<BackendPtr> make_sim_backend(std::size_t device_capacity) {
+    SimConfig config;
+    if (device_capacity != 0) config.device_capacity = device_capacity;
+    return share(new Wrapped<SimBackend>(std::in_place, config));
+}
+
+}  // namespace devstage::capi

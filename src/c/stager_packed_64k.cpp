@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C stagers of one strategy: Packed<DEVSTAGE_PACK_LIMIT_64K>.
+#include "stager_of.hpp"
+
+namespace devstage::capi {
+
+template std::unique_ptr<AnyStager> make_stager_of<Packed<DEVSTAGE_PACK_LIMIT_64K>>(AnyBackend&,
+                                                                                    Packed<DEVSTAGE_PACK_LIMIT_64K>,
+                                                                                    std::size_t);
+
+}  // namespace devstage::capi

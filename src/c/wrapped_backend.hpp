@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Private to devstage_c: a concrete devstage backend seen as an AnyBackend. Its Stream and
+// Event handles (a runtime pointer, or the simulator's id) travel as `void*`, bit for bit.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "any_backend.hpp"
+#include "devstage/backend.hpp"
+#include "devstage/status.hpp"
+
+namespace devstage::capi {
+
+/// A handle of `H` (at most pointer-sized, trivially copyable) as a `void*`, and back.
+template <class H>
+void* to_pointer(H handle) noexcept {
+    static_assert(sizeof(H) <= sizeof(void*) && std::is_trivially_copyable_v<H>);
+    std::uintptr_t bits = 0;
+    std::memcpy(&bits, &handle, sizeof handle);
+    return reinterpret_cast<void*>(bits);  // NOLINT(performance-no-int-to-ptr): a handle, never dereferenced
+}
+template <class H>
+H from_pointer(void* pointer) noexcept {
+    static_assert(sizeof(H) <= sizeof(void*) && std::is_trivially_copyable_v<H>);
+    const auto bits = reinterpret_cast<std::uintptr_t>(pointer);
+    H handle{};
+    std::memcpy(static_cast<void*>(&handle), &bits, sizeof handle);  // trivially copyable: bit for bit
+    return handle;
+}
+
+/// `B` (a PinnedHostBackend and AsyncMemsetBackend) behind AnyBackend.
+template <class B>
+class Wrapped final : public AnyBackend {
+    static_assert(PinnedHostBackend<B> && AsyncMemsetBackend<B>);
+    using S = typename B::Stream;
+    using E = typename B::Event;
+
+public:
+    explicit Wrapped(B&& backend) noexcept : backend_(std::move(backend)) {}
+    template <class... Args>
+    explicit Wrapped(std::in_place_t /*tag*/, Args&&... args) noexcept : backend_(std::forward<Args>(args)...) {}
+
+    std::string_view name() const noexcept override { return backend_.name(); }
+    bool has_pinned() const noexcept override { return true; }
+    bool has_streams() const noexcept override { return true; }
+
+    Result<void*> device_malloc(std::size_t bytes) noexcept override { return backend_.device_malloc(bytes); }
+    Status device_free(void* pointer) noexcept override { return backend_.device_free(pointer); }
+    Status copy_to_device(void* dst, const void* src, std::size_t bytes) noexcept override {
+        return backend_.copy_to_device(dst, src, bytes);
+    }
+    Status copy_from_device(void* dst, const void* src, std::size_t bytes) noexcept override {
+        return backend_.copy_from_device(dst, src, bytes);
+    }
+    Result<void*> pinned_malloc(std::size_t bytes) noexcept override { return backend_.pinned_malloc(bytes); }
+    Status pinned_free(void* pointer) noexcept override { return backend_.pinned_free(pointer); }
+
+    Result<Stream> create_stream() noexcept override {
+        Result<S> stream = backend_.create_stream();
+        if (!stream) return stream.status();
+        return Stream{to_pointer(*stream)};
+    }
+    Status destroy_stream(Stream stream) noexcept override { return backend_.destroy_stream(native(stream)); }
+    Status copy_to_device_async(void* dst, const void* src, std::size_t bytes, Stream stream) noexcept override {
+        return backend_.copy_to_device_async(dst, src, bytes, native(stream));
+    }
+    Status copy_from_device_async(void* dst, const void* src, std::size_t bytes, Stream stream) noexcept override {
+        return backend_.copy_from_device_async(dst, src, bytes, native(stream));
+    }
+    Result<Event> create_event() noexcept override {
+        Result<E> event = backend_.create_event();
+        if (!event) return event.status();
+        return Event{to_pointer(*event)};
+    }
+    Status destroy_event(Event event) noexcept override { return backend_.destroy_event(native(event)); }
+    Status record_event(Event event, Stream stream) noexcept override {
+        return backend_.record_event(native(event), native(stream));
+    }
+    Result<bool> event_ready(Event event) noexcept override { return backend_.event_ready(native(event)); }
+    Status synchronize_event(Event event) noexcept override { return backend_.synchronize_event(native(event)); }
+    Status stream_wait_event(Stream stream, Event event) noexcept override {
+        return backend_.stream_wait_event(native(stream), native(event));
+    }
+    Status device_memset_async(void* dst, int value, std::size_t bytes, Stream stream) noexcept override {
+        return backend_.device_memset_async(dst, value, bytes, native(stream));
+    }
+
+private:
+    static S native(Stream stream) noexcept { return from_pointer<S>(stream.handle); }
+    static E native(Event event) noexcept { return from_pointer<E>(event.handle); }
+
+    B backend_;
+};
+
+}  // namespace devstage::capi
