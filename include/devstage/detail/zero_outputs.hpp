@@ -38,8 +38,9 @@ alignas(4096) inline std::byte zero_block[zero_block_bytes]{};
 /// Zeroes the device bytes of the Out args of the run staged in `slot` on `stream`.
 /// `enqueued` becomes true when a call was made. Counts StagerStats::zeroing_calls,
 /// zeroed_bytes and zero_uploads. On failure the calls made before stay enqueued.
+// Out of line: a bind that does not zero pays only the policy test.
 template <class B, class Async, class Strategy>
-Status zero_outputs(B& backend, Async& async, StagerSlot<Strategy, Async>& slot, typename Async::Stream stream,
+[[gnu::noinline]] Status zero_outputs(B& backend, Async& async, StagerSlot<Strategy, Async>& slot, typename Async::Stream stream,
                     StagerStats& stats, bool& enqueued) noexcept {
     constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
     const auto set = [&](std::byte* dst, std::size_t bytes) noexcept -> Status {
