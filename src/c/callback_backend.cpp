@@ -178,12 +178,13 @@ public:
         }
         if (value != 0) {
             return Status(Errc::not_supported,
-                          detail::message("backend '", name_, "': device_memset_async of ", bytes, " bytes to ",
-                                          value, ": no memset callback, and only zeros can be uploaded instead"));
+                          detail::message("backend '", name_, "': device_memset_async of ", bytes, " bytes to ", value,
+                                          ": no memset callback, and only zeros can be uploaded instead"));
         }
         for (std::size_t done = 0; done < bytes;) {
             const std::size_t chunk = std::min(detail::zero_block_bytes, bytes - done);
-            if (Status s = copy_to_device_async(static_cast<std::byte*>(dst) + done, detail::zero_block, chunk, stream); !s) {
+            if (Status s = copy_to_device_async(static_cast<std::byte*>(dst) + done, detail::zero_block, chunk, stream);
+                !s) {
                 return s;
             }
             done += chunk;

@@ -125,8 +125,8 @@ Result<std::unique_ptr<AnyStager>> make_strategy(AnyBackend& backend, const devs
 Result<std::unique_ptr<AnyStager>> make_stager(AnyBackend& backend, const devstage_stager_config* config) {
     const devstage_stager_config c = config != nullptr ? *config : devstage_stager_config{};
     if (c.output_policy != DEVSTAGE_OUTPUT_ZERO && c.output_policy != DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL) {
-        return bad("output_policy", c.output_policy,
-                   "is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL", backend);
+        return bad("output_policy", c.output_policy, "is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL",
+                   backend);
     }
     Result<std::unique_ptr<AnyStager>> made = make_strategy(backend, c);
     if (made) {
