@@ -149,3 +149,25 @@ def test_bad_python_arguments(sim):
     stager.finish(run)
     with pytest.raises(ValueError, match="finished already"):
         stager.finish(run)
+
+
+def test_ctypes_function_pointers_get_the_context(host_device):
+    """A runtime's C hooks (here ctypes callbacks with the C signatures) plug in as they are."""
+    np = numpy_or_skip()
+    from devstage import _lib
+    seen = []
+
+    def device_malloc(context, nbytes):
+        seen.append(context)
+        return host_device.device_malloc(nbytes)
+
+    hooks = dict(device_malloc=_lib.MALLOC(device_malloc),
+                 device_free=_lib.FREE(lambda context, address: host_device.device_free(address)),
+                 copy_to_device=_lib.COPY(lambda context, dst, src, n: host_device.copy(dst, src, n)),
+                 copy_from_device=_lib.COPY(lambda context, dst, src, n: host_device.copy(dst, src, n)))
+    backend = devstage.Backend.from_callbacks(name="hooks", context=0x1234, **hooks)
+    stager = devstage.Stager(backend)
+    data = np.arange(100, dtype=np.uint8)
+    stager.finish(stager.bind([devstage.InOut(data)]))
+    assert seen and all(context == 0x1234 for context in seen)
+    assert (data == np.arange(100, dtype=np.uint8)).all()
