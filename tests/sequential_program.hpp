@@ -54,6 +54,7 @@ using devstage::Direction;
 using devstage::Errc;
 using devstage::HostFrame;
 using devstage::HostMemory;
+using devstage::OutputPolicy;
 using devstage::Placement;
 using devstage::Result;
 using devstage::StagedRun;
@@ -114,7 +115,19 @@ private:
 
 // ---- configuration ---------------------------------------------------------------------------
 
-enum class BackendKind : std::uint8_t { mock, sim, slow };
+enum class BackendKind : std::uint8_t { mock, sim, slow, mock_no_memset };
+
+/// The deferred mock without device_memset_async (nor device_memset): the stager zeroes Out
+/// args by uploading zeros from its static block, which the mock's host-hazard checks see.
+class NoMemsetMock : public devstage::MockBackend {
+public:
+    using MockBackend::MockBackend;
+    std::string_view name() const noexcept { return "mock without memset"; }
+    devstage::Status device_memset_async(void*, int, std::size_t, Stream) noexcept = delete;
+    devstage::Status device_memset(void*, int, std::size_t) noexcept = delete;
+};
+static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBackend<NoMemsetMock>);
+static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
 enum class StrategyKind : std::uint8_t { bump, packed, per_tensor };
 
 struct Config {
@@ -131,9 +144,18 @@ struct Config {
     unsigned ring_threads = 0;
     unsigned max_steps = 14;
     unsigned max_actions = 160;
+    /// Frames may hold device-resident tensors (TensorShape::device) of the device buffers.
+    bool device_frames = false;
+    /// Some kernels leave Out and InOut bytes unwritten (zeros under OutputPolicy::zero,
+    /// unchecked under kernel_writes_all).
+    bool partial_kernels = false;
+    /// The output policy at the start; with `switch_policy` the engine switches it between steps.
+    OutputPolicy policy = OutputPolicy::zero;
+    bool switch_policy = false;
 
     std::string describe() const {
-        static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend"};
+        static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend",
+                                               "deferred mock without memset"};
         static const char* const strategies[] = {"RetainedBump<Exact, 256, NoPacking>",
                                                  "RetainedBump<Geometric, 256, PackSmall<512>>",
                                                  "PerTensorMalloc<256>"};
@@ -144,13 +166,16 @@ struct Config {
         if (backend == BackendKind::mock) out << ", mock offset " << mock_offset << ", polls " << not_ready_polls;
         if (ring) out << ", ring threads " << ring_threads;
         if (strategy == StrategyKind::packed) out << (frames ? ", frames" : ", no frames");
+        if (strategy == StrategyKind::packed && frames && device_frames) out << " with device tensors";
+        out << (policy == OutputPolicy::zero ? ", Out zeroed" : ", kernel_writes_all")
+            << (switch_policy ? " (switched)" : "") << (partial_kernels ? ", partial kernels" : "");
         out << ", up to " << max_steps << " steps";
         return out.str();
     }
 };
 
 /// The number of distinct configurations config_for() cycles through.
-inline constexpr std::uint64_t config_count = 3 * 3 * 3 * 3 * 2 * 2;
+inline constexpr std::uint64_t config_count = 4 * 3 * 3 * 3 * 2 * 2;
 
 /// Configuration `index` (mod config_count) of every combination, with the small knobs from
 /// `choices`.
@@ -162,7 +187,7 @@ inline Config config_for(std::uint64_t index, Choices& choices) {
         i /= base;
         return d;
     };
-    config.backend = static_cast<BackendKind>(digit(3));
+    config.backend = static_cast<BackendKind>(digit(4));
     config.strategy = static_cast<StrategyKind>(digit(3));
     config.slots = 1 + digit(3);
     config.streams = 1 + digit(3);
@@ -172,6 +197,10 @@ inline Config config_for(std::uint64_t index, Choices& choices) {
     config.not_ready_polls = choices.below(4);
     config.ring_threads = choices.below(2);
     config.frames = choices.chance(1, 2);
+    config.device_frames = choices.chance(1, 2);
+    config.partial_kernels = choices.chance(1, 2);
+    config.policy = choices.chance(1, 4) ? OutputPolicy::kernel_writes_all : OutputPolicy::zero;
+    config.switch_policy = choices.chance(1, 3);
     return config;
 }
 
@@ -207,11 +236,17 @@ inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) noexcept {
     return h ^ (h >> 29);
 }
 
+/// Whether a kernel of step `step` writes byte `b` of an output of `bytes`: every byte, or
+/// (`partial`) all but the last quarter and every 7th byte — a kernel that stops early.
+inline bool writes_byte(std::uint32_t step, bool partial, std::size_t b, std::size_t bytes) noexcept {
+    return !partial || (b < bytes - bytes / 4 && b % 7 != step % 7);
+}
+
 /// The kernel of step `step`: reads every input byte (In, InOut), then writes every output
 /// byte (Out: from the inputs and the step; InOut: its old value plus a non-zero increment
-/// that depends on the inputs and the step). The device runs it on device memory, the model on
-/// its own copies.
-inline void compute(std::uint32_t step, std::span<const View> views) noexcept {
+/// that depends on the inputs and the step) — with `partial`, only those writes_byte() names.
+/// The device runs it on device memory, the model on its own copies.
+inline void compute(std::uint32_t step, std::span<const View> views, bool partial = false) noexcept {
     std::uint64_t h = mix(0x5EC0E1CEull, step);
     for (std::size_t i = 0; i < views.size(); ++i) {
         const View& v = views[i];
@@ -232,6 +267,7 @@ inline void compute(std::uint32_t step, std::span<const View> views) noexcept {
         for (std::size_t b = 0; b < v.bytes; ++b) {
             if (b % 8 == 0) g = mix(g, b);
             const auto value = static_cast<std::uint8_t>(g >> (8 * (b % 8)));
+            if (!writes_byte(step, partial, b, v.bytes)) continue;
             if (v.direction == Direction::InOut) {
                 v.data[b] = static_cast<std::byte>(static_cast<std::uint8_t>(v.data[b]) + (value | 1u));
             } else {
@@ -292,6 +328,7 @@ struct StepSpec {
     // The kernel on the finish stream, after waiting for the bind stream (odd steps through
     // Stager::order_after_uploads, even ones with the engine's own event).
     bool kernel_on_finish = false;
+    bool partial = false;  // the kernel leaves some output bytes unwritten
 };
 
 /// How the engine ends with a Completion.
@@ -319,7 +356,7 @@ private:
 
 template <class B>
 std::unique_ptr<B> make_backend(const Config& config, devstage::ErrorSink sink) {
-    if constexpr (std::is_same_v<B, devstage::MockBackend>) {
+    if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
         devstage::MockConfig mock;
         mock.offset = config.mock_offset;
         mock.journal = false;
@@ -402,6 +439,7 @@ public:
         const int index = static_cast<int>(host_.size());
         pattern(0x1000 + static_cast<std::uint64_t>(index), buffer.data, bytes);
         buffer.model.assign(as_u8(buffer.data), as_u8(buffer.data) + bytes);
+        buffer.unknown.assign(bytes, 0);
         host_.push_back(std::move(buffer));
         log() << "host buffer b" << index << ": " << bytes << " bytes, " << (pinned ? "pinned" : "pageable")
               << (hint == HostMemory::pinned     ? " (said pinned)"
@@ -423,6 +461,7 @@ public:
         }
         buffer.data = static_cast<std::byte*>(*allocated);
         buffer.model.resize(bytes);
+        buffer.unknown.assign(bytes, 0);
         pattern(0x2000 + static_cast<std::uint64_t>(index), reinterpret_cast<std::byte*>(buffer.model.data()), bytes);
         if (Status copied = backend_->copy_to_device(buffer.data, buffer.model.data(), bytes); !copied) {
             fail("filling a device buffer failed: " + copied.message());
@@ -436,6 +475,8 @@ public:
     bool start() {
         stager_.emplace(*backend_, S{}, config_.slots);
         stager_->set_error_sink(devstage::ErrorSink(&Runner::sink, this));
+        stager_->set_output_policy(config_.policy);
+        policy_ = config_.policy;
         if (config_.ring) {
             if constexpr (devstage::PinnedHostBackend<B>) {
                 devstage::PageableRing ring;
@@ -533,6 +574,7 @@ public:
         }
         auto job = std::make_unique<Job>();
         job->step = static_cast<std::uint32_t>(id);
+        job->partial = step.spec.partial;
         const std::span<const TensorArg> device_args = step.run->device_args();
         std::vector<typename SlowBackend::Range> ranges;
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
@@ -562,7 +604,8 @@ public:
         expect_ok(backend_->record_event(kernel_events_[on], streams_[on]), "engine record_event");
         jobs_.push_back(std::move(job));
         step.kernel = true;
-        log() << "s" << id << " kernel on stream " << on << "\n";
+        log() << "s" << id << " kernel on stream " << on << (step.spec.partial ? " (leaves bytes unwritten)" : "")
+              << "\n";
         model_kernel(step);
     }
 
@@ -578,6 +621,13 @@ public:
         const std::uint64_t waits = stats().host_waits;
         const Status execution = execution_ok ? Status() : Status(Errc::backend_failure, "the kernel failed");
         Result<Completion> done = stager_->finish(std::move(*step.run), streams_[step.spec.finish_stream], execution);
+        if (id % 3 == 0) {  // the run object, moved into finish: no longer live
+            const Status refused = stager_->order_after_uploads(*step.run, streams_[0]);
+            if (refused.code() != Errc::invalid_argument) {
+                fail("s" + std::to_string(id) + ": order_after_uploads of a finished run answered '" +
+                     refused.message() + "', not invalid_argument");
+            }
+        }
         step.run.reset();
         log() << "s" << id << " finish on stream " << step.spec.finish_stream
               << (execution_ok ? "" : " (execution failed)");
@@ -651,6 +701,69 @@ public:
         }
     }
 
+    /// Switches the output policy; the next bind follows it.
+    void switch_policy() {
+        if (!running()) return;
+        policy_ = policy_ == OutputPolicy::zero ? OutputPolicy::kernel_writes_all : OutputPolicy::zero;
+        stager_->set_output_policy(policy_);
+        log() << "output policy " << (policy_ == OutputPolicy::zero ? "zero" : "kernel_writes_all") << "\n";
+        if (stager_->output_policy() != policy_) fail("output_policy() does not answer the policy just set");
+    }
+
+    /// A call the contract refuses (invalid_argument, or busy where every slot is held), which
+    /// must change nothing: a copy of an unbound frame's args, a Device arg with a null pointer,
+    /// order_after_uploads of a moved-from run.
+    void misuse(Choices& choices) {
+        if (!running()) return;
+        const std::uint64_t runs = stats().runs;
+        const Stream stream = streams_[choices.below(static_cast<std::uint32_t>(streams_.size()))];
+        const auto expect = [&](const Status& status, const char* what, bool busy_too) {
+            log() << "misuse: " << what << " -> " << (status ? std::string("ok") : status.message()) << "\n";
+            if (status.code() != Errc::invalid_argument && !(busy_too && status.code() == Errc::busy)) {
+                fail(std::string("misuse ") + what + " answered '" + (status ? "ok" : status.message()) +
+                     "', not invalid_argument");
+            }
+            if (stats().runs != runs) fail(std::string("misuse ") + what + " counted a run");
+        };
+        std::vector<int> framed, bound;
+        for (const Step& step : steps_) {
+            if (step.phase == Phase::framed) {
+                for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
+                    if (step.spec.args[i].where == Where::frame && step.spec.args[i].bytes > 0) {
+                        framed.push_back(step.id);
+                        break;
+                    }
+                }
+            }
+            if (step.phase == Phase::bound) bound.push_back(step.id);
+        }
+        const std::uint32_t kind = choices.below(3);
+        if (kind == 0 && !framed.empty()) {
+            const Step& step =
+                steps_[static_cast<std::size_t>(framed[choices.below(static_cast<std::uint32_t>(framed.size()))])];
+            std::vector<TensorArg> copy(step.frame->args().begin(), step.frame->args().end());
+            Result<StagedRun> run = stager_->bind(copy, stream);
+            expect(run.status(), "bind of a copy of a frame's args", false);
+            if (run) step_run_leak(std::move(*run));
+        } else if (kind == 1 && !bound.empty()) {
+            Step& step =
+                steps_[static_cast<std::size_t>(bound[choices.below(static_cast<std::uint32_t>(bound.size()))])];
+            StagedRun moved(std::move(*step.run));
+            expect(stager_->order_after_uploads(*step.run, stream), "order_after_uploads of a moved-from run", false);
+            step.run.emplace(std::move(moved));  // the run lives on in the step
+        } else {
+            const TensorArg null_device[] = {{nullptr, 64, Direction::In, Placement::Device}};
+            Result<StagedRun> run = stager_->bind(null_device, stream);
+            expect(run.status(), "bind of a Device arg with a null pointer", true);
+            if (run) step_run_leak(std::move(*run));
+        }
+    }
+    // A run a misuse was wrongly given: finished at once so that the program can go on.
+    void step_run_leak(StagedRun run) {
+        Result<Completion> done = stager_->finish(std::move(run), streams_[0]);
+        if (done) (void)done->wait();
+    }
+
     /// The engine writes new contents into host buffer `index` (nothing in flight uses it).
     void engine_write(int index) {
         if (!running()) return;
@@ -658,6 +771,7 @@ public:
         const std::uint64_t tag = 0x3000 + ++writes_;
         pattern(tag, buffer.data, buffer.bytes);
         buffer.model.assign(as_u8(buffer.data), as_u8(buffer.data) + buffer.bytes);
+        std::fill(buffer.unknown.begin(), buffer.unknown.end(), std::uint8_t{0});
         log() << "engine writes b" << index << "\n";
     }
 
@@ -697,7 +811,7 @@ public:
         drain_streams();
         for (std::size_t i = 0; i < host_.size(); ++i) {
             compare("at the end, host buffer b" + std::to_string(i), host_[i].data, host_[i].model.data(),
-                    host_[i].bytes);
+                    host_[i].bytes, host_[i].unknown.data());
         }
         for (std::size_t i = 0; i < device_.size(); ++i) {
             std::vector<std::uint8_t> actual(device_[i].bytes);
@@ -705,7 +819,7 @@ public:
                 fail("reading device buffer d" + std::to_string(i) + " failed: " + copied.message());
             } else {
                 compare("at the end, device buffer d" + std::to_string(i), reinterpret_cast<std::byte*>(actual.data()),
-                        device_[i].model.data(), device_[i].bytes);
+                        device_[i].model.data(), device_[i].bytes, device_[i].unknown.data());
             }
         }
         if (misuses_before != 0 || misuses() != 0) {
@@ -728,7 +842,7 @@ public:
                 said == 0 ? (pinned ? HostMemory::pinned : HostMemory::pageable) : HostMemory::unknown;
             add_host_buffer(bytes, pinned, hint);
         }
-        const unsigned devices = choices.below(3);
+        const unsigned devices = config_.device_frames ? 1 + choices.below(2) : choices.below(3);
         for (unsigned i = 0; i < devices; ++i) add_device_buffer(sizes[choices.below(std::size(sizes))]);
         if (!start()) return;
         for (unsigned action = 0; action < config_.max_actions && !choices.exhausted() && running(); ++action) {
@@ -757,11 +871,13 @@ private:
         std::byte* data = nullptr;
         std::unique_ptr<std::byte[]> storage;
         std::vector<std::uint8_t> model;
+        std::vector<std::uint8_t> unknown;  // 1: a byte no sequential run defines (kernel_writes_all)
     };
     struct DeviceBuffer {
         std::size_t bytes = 0;
         std::byte* data = nullptr;
         std::vector<std::uint8_t> model;
+        std::vector<std::uint8_t> unknown;
         std::vector<bool> touched_on;  // streams whose kernels used it
     };
     struct Step {
@@ -778,18 +894,22 @@ private:
         std::optional<HostFrame> frame;
         std::optional<StagedRun> run;
         std::optional<Completion> done;
-        std::vector<TensorArg> args;                    // as bound
-        std::vector<std::byte*> tensors;                // a frame's host(i)
-        std::vector<std::vector<std::uint8_t>> model;   // a frame's tensors in the model
-        std::vector<bool> defined;                      // a frame's tensor holds modelled bytes
-        std::vector<std::vector<std::uint8_t>> staged;  // the model's device copies of the args
+        std::vector<TensorArg> args;                            // as bound
+        std::vector<std::byte*> tensors;                        // a frame's host(i)
+        std::vector<std::vector<std::uint8_t>> model;           // a frame's tensors in the model
+        std::vector<bool> defined;                              // a frame's tensor holds modelled bytes
+        std::vector<std::vector<std::uint8_t>> staged;          // the model's device copies of the args
+        std::vector<std::vector<std::uint8_t>> unknown;         // of a frame's tensors in the model
+        std::vector<std::vector<std::uint8_t>> staged_unknown;  // of the device copies
+        OutputPolicy policy = OutputPolicy::zero;               // at its bind
     };
     struct Job {
         std::uint32_t step = 0;
+        bool partial = false;
         std::vector<View> views;
         static void run(void* self) noexcept {
             auto* job = static_cast<Job*>(self);
-            compute(job->step, job->views);
+            compute(job->step, job->views, job->partial);
         }
     };
     // A host range a step uses.
@@ -821,6 +941,21 @@ private:
                 return device_[static_cast<std::size_t>(arg.index)].model.data() + arg.offset;
             case Where::frame:
                 return steps_[static_cast<std::size_t>(arg.index)].model[static_cast<std::size_t>(arg.tensor)].data() +
+                       arg.offset;
+        }
+        return nullptr;
+    }
+    // The model's mask of bytes no sequential run defines (1), beside model_of(arg).
+    std::uint8_t* unknown_of(const ArgSpec& arg) {
+        switch (arg.where) {
+            case Where::host:
+                return host_[static_cast<std::size_t>(arg.index)].unknown.data() + arg.offset;
+            case Where::device:
+                return device_[static_cast<std::size_t>(arg.index)].unknown.data() + arg.offset;
+            case Where::frame:
+                return steps_[static_cast<std::size_t>(arg.index)]
+                           .unknown[static_cast<std::size_t>(arg.tensor)]
+                           .data() +
                        arg.offset;
         }
         return nullptr;
@@ -985,6 +1120,11 @@ private:
         std::vector<TensorShape> shapes;
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
+            if (arg.where == Where::device) {  // a device-resident tensor, passed through
+                shapes.push_back(TensorShape{arg.bytes, arg.direction, pointer(arg)});
+                what << (i ? ", " : "") << name(arg) << " " << direction_name(arg.direction) << " (device)";
+                continue;
+            }
             shapes.push_back(TensorShape{arg.bytes, arg.direction});
             what << (i ? ", " : "") << arg.bytes << " " << direction_name(arg.direction);
             if (devstage::uploads(arg.direction) && i < step.spec.fills.size() && step.spec.fills[i].from_source) {
@@ -1031,11 +1171,25 @@ private:
         const std::size_t count = step.spec.args.size();
         step.tensors.resize(count);
         step.model.resize(count);
+        step.unknown.resize(count);
         step.defined.assign(count, false);
         if (frame->size() != count) fail("s" + std::to_string(step.id) + ": the frame has the wrong number of tensors");
         for (std::size_t i = 0; i < count && i < frame->size(); ++i) {
             const std::span<std::byte> tensor = frame->host(i);
             const ArgSpec& arg = step.spec.args[i];
+            if (arg.where == Where::device) {
+                const TensorArg& passed = frame->args()[i];
+                if (!tensor.empty() || passed.placement != Placement::Device || passed.data != pointer(arg) ||
+                    passed.bytes != arg.bytes || passed.direction != arg.direction) {
+                    fail("s" + std::to_string(step.id) + ": frame tensor " + std::to_string(i) +
+                         " is device-resident, but host(i) has " + std::to_string(tensor.size()) +
+                         " bytes or args()[i] is not the device pointer as a Device arg");
+                    step.phase = Phase::refused;
+                    return -1;
+                }
+                step.tensors[i] = nullptr;
+                continue;
+            }
             if (tensor.size() != arg.bytes || (arg.bytes > 0 && tensor.data() == nullptr)) {
                 fail("s" + std::to_string(step.id) + ": frame tensor " + std::to_string(i) + " has " +
                      std::to_string(tensor.size()) + " bytes, not " + std::to_string(arg.bytes));
@@ -1049,6 +1203,7 @@ private:
             }
             step.tensors[i] = tensor.data();
             step.model[i].assign(arg.bytes, 0);
+            step.unknown[i].assign(arg.bytes, 0);
         }
         step.phase = Phase::framed;
         fill_frame(step);
@@ -1059,6 +1214,7 @@ private:
     void fill_frame(Step& step) {
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
+            if (arg.where == Where::device) continue;  // the device's own: never defined as a frame tensor
             if (!devstage::uploads(arg.direction) || arg.bytes == 0) {
                 step.defined[i] = arg.bytes == 0;
                 continue;
@@ -1079,12 +1235,13 @@ private:
                 const Use use{pointer(source), source.bytes, true, false};
                 if (!written_in_flight(use)) {  // the engine reads it: it owns it now
                     compare("s" + std::to_string(step.id) + " reading " + name(source) + " for its frame", use.begin,
-                            model_of(source), source.bytes);
+                            model_of(source), source.bytes, unknown_of(source));
                     std::memcpy(into, use.begin, source.bytes);
                 }
             }
             step.model[i].assign(reinterpret_cast<std::uint8_t*>(into),
                                  reinterpret_cast<std::uint8_t*>(into) + arg.bytes);
+            std::fill(step.unknown[i].begin(), step.unknown[i].end(), std::uint8_t{0});  // the engine's bytes
             step.defined[i] = true;
         }
     }
@@ -1140,34 +1297,60 @@ private:
             const Use use{pointer(arg), arg.bytes, false, true};
             if (written_in_flight(use, step.id, step.finish_order)) continue;
             compare("s" + std::to_string(step.id) + " complete, its output " + name(arg), use.begin, model_of(arg),
-                    arg.bytes);
+                    arg.bytes, unknown_of(arg));
         }
     }
 
     // ---- the model ------------------------------------------------------------------------------
 
+    // Out args start as zeros (OutputPolicy::zero) or as bytes nobody defines
+    // (kernel_writes_all): the policy at the bind counts.
     void model_bind(Step& step) {
+        step.policy = policy_;
         step.staged.resize(step.spec.args.size());
+        step.staged_unknown.resize(step.spec.args.size());
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
             if (arg.where == Where::device) continue;
             if (devstage::uploads(arg.direction)) {
                 const std::uint8_t* from = model_of(arg);
+                const std::uint8_t* unknown = unknown_of(arg);
                 step.staged[i].assign(from, from + arg.bytes);
+                step.staged_unknown[i].assign(unknown, unknown + arg.bytes);
             } else {
                 step.staged[i].assign(arg.bytes, 0);
+                step.staged_unknown[i].assign(arg.bytes, policy_ == OutputPolicy::zero ? 0 : 1);
             }
         }
     }
+    // The kernel on the model's copies; a byte it writes is undefined when any input byte is
+    // (the whole hash is), or, for InOut, when its old value was.
     void model_kernel(Step& step) {
         std::vector<View> views;
+        std::vector<std::uint8_t*> masks;
+        bool tainted = false;
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
-            std::byte* data = arg.where == Where::device ? reinterpret_cast<std::byte*>(model_of(arg))
-                                                         : reinterpret_cast<std::byte*>(step.staged[i].data());
+            const bool device = arg.where == Where::device;
+            std::byte* data = device ? reinterpret_cast<std::byte*>(model_of(arg))
+                                     : reinterpret_cast<std::byte*>(step.staged[i].data());
+            std::uint8_t* mask = device ? unknown_of(arg) : step.staged_unknown[i].data();
             views.push_back(View{data, arg.bytes, arg.direction});
+            masks.push_back(mask);
+            if (devstage::uploads(arg.direction) && arg.bytes > 0) {
+                tainted = tainted || std::any_of(mask, mask + arg.bytes, [](std::uint8_t u) { return u != 0; });
+            }
         }
-        compute(static_cast<std::uint32_t>(step.id), views);
+        const auto id = static_cast<std::uint32_t>(step.id);
+        compute(id, views, step.spec.partial);
+        for (std::size_t i = 0; i < views.size(); ++i) {
+            const View& v = views[i];
+            if (!devstage::copies_back(v.direction)) continue;
+            for (std::size_t b = 0; b < v.bytes; ++b) {
+                if (!writes_byte(id, step.spec.partial, b, v.bytes)) continue;
+                masks[i][b] = (tainted || (v.direction == Direction::InOut && masks[i][b] != 0)) ? 1 : 0;
+            }
+        }
     }
     void model_finish(Step& step) {
         if (!step.execution_ok) return;
@@ -1175,6 +1358,7 @@ private:
             const ArgSpec& arg = step.spec.args[i];
             if (arg.where == Where::device || !devstage::copies_back(arg.direction) || arg.bytes == 0) continue;
             std::memcpy(model_of(arg), step.staged[i].data(), arg.bytes);
+            std::memcpy(unknown_of(arg), step.staged_unknown[i].data(), arg.bytes);
             if (arg.where == Where::frame && arg.offset == 0 &&
                 arg.bytes ==
                     steps_[static_cast<std::size_t>(arg.index)].model[static_cast<std::size_t>(arg.tensor)].size()) {
@@ -1183,12 +1367,18 @@ private:
         }
     }
 
-    void compare(const std::string& what, const std::byte* actual, const std::uint8_t* model, std::size_t bytes) {
+    // Byte for byte, but for the bytes `unknown` (when given) marks: no sequential run defines them.
+    void compare(const std::string& what, const std::byte* actual, const std::uint8_t* model, std::size_t bytes,
+                 const std::uint8_t* unknown = nullptr) {
         if (bytes == 0 || std::memcmp(actual, model, bytes) == 0) return;
+        const auto differs = [&](std::size_t b) {
+            return static_cast<std::uint8_t>(actual[b]) != model[b] && (unknown == nullptr || unknown[b] == 0);
+        };
         std::size_t first = 0;
-        while (first < bytes && static_cast<std::uint8_t>(actual[first]) == model[first]) ++first;
+        while (first < bytes && !differs(first)) ++first;
+        if (first == bytes) return;
         std::size_t differ = 0;
-        for (std::size_t b = 0; b < bytes; ++b) differ += static_cast<std::uint8_t>(actual[b]) != model[b];
+        for (std::size_t b = 0; b < bytes; ++b) differ += differs(b) ? 1 : 0;
         std::ostringstream out;
         out << what << ": " << differ << " of " << bytes << " bytes differ from the sequential run, first at byte "
             << first << " (0x" << std::hex << static_cast<int>(static_cast<std::uint8_t>(actual[first]))
@@ -1199,6 +1389,8 @@ private:
     // ---- the random engine's moves ----------------------------------------------------------------
 
     enum class Move : std::uint8_t {
+        policy,
+        misuse,
         step,
         bind_frame,
         kernel,
@@ -1219,6 +1411,8 @@ private:
             for (int i = 0; i < weight; ++i) moves.emplace_back(move, target);
         };
         const bool more_steps = steps_.size() < config_.max_steps;
+        if (config_.switch_policy) add(Move::policy, -1, 2);
+        add(Move::misuse, -1, 1);
         if (more_steps && (!config_.disjoint || held_slots() < config_.slots)) add(Move::step, -1, 6);
         for (const Step& step : steps_) {
             if (step.phase == Phase::framed) add(Move::bind_frame, step.id, 3);
@@ -1249,6 +1443,12 @@ private:
         }
         const auto [move, target] = moves[choices.below(static_cast<std::uint32_t>(moves.size()))];
         switch (move) {
+            case Move::policy:
+                switch_policy();
+                break;
+            case Move::misuse:
+                misuse(choices);
+                break;
             case Move::step:
                 begin_step(random_step(choices));
                 break;
@@ -1320,15 +1520,31 @@ private:
         spec.bind_stream = choices.below(config_.streams);
         spec.finish_stream = choices.chance(1, 2) ? spec.bind_stream : choices.below(config_.streams);
         spec.kernel_on_finish = choices.chance(1, 2);
+        spec.partial = config_.partial_kernels && choices.chance(1, 2);
         const unsigned count = 1 + choices.below(4);
         if (spec.frame) {
             spec.bind_object = choices.chance(1, 2);
+            std::vector<int> devices;  // each device buffer at most once a frame
+            for (std::size_t d = 0; d < device_.size(); ++d) devices.push_back(static_cast<int>(d));
             for (unsigned i = 0; i < count; ++i) {
                 ArgSpec arg;
                 arg.where = Where::frame;
                 arg.tensor = static_cast<int>(i);
                 arg.bytes = choices.chance(1, 16) ? 0 : sizes[choices.below(std::size(sizes))];
                 arg.direction = random_direction(choices);
+                if (config_.device_frames && !devices.empty() && choices.chance(1, 3)) {
+                    const std::size_t pick = choices.below(static_cast<std::uint32_t>(devices.size()));
+                    arg.where = Where::device;
+                    arg.index = devices[pick];
+                    devices.erase(devices.begin() + static_cast<std::ptrdiff_t>(pick));
+                    arg.bytes = device_[static_cast<std::size_t>(arg.index)].bytes;
+                    if (arg.bytes > 1 && choices.chance(1, 3)) {  // a part of it
+                        arg.offset = choices.below(static_cast<std::uint32_t>(arg.bytes));
+                        arg.bytes = 1 + choices.below(static_cast<std::uint32_t>(arg.bytes - arg.offset));
+                    } else if (choices.chance(1, 16)) {
+                        arg.bytes = 0;
+                    }
+                }
                 spec.args.push_back(arg);
                 FillSpec fill;
                 if (choices.chance(1, 2)) {
@@ -1432,7 +1648,7 @@ private:
     }
 
     std::uint64_t misuses() const {
-        if constexpr (std::is_same_v<B, devstage::MockBackend> || std::is_same_v<B, SlowBackend>) {
+        if constexpr (std::is_base_of_v<devstage::MockBackend, B> || std::is_same_v<B, SlowBackend>) {
             return backend_->misuses();
         } else {
             return 0;
@@ -1489,6 +1705,7 @@ private:
     std::string trace_;
     std::uint64_t finishes_ = 0;
     std::uint64_t writes_ = 0;
+    OutputPolicy policy_ = OutputPolicy::zero;
     bool stopped_ = false;
 };
 
@@ -1552,6 +1769,9 @@ inline Report run_program(const Config& config, Choices& choices, int trace_fd =
             break;
         case BackendKind::slow:
             run_on<SlowBackend>(config, choices, report, trace_fd);
+            break;
+        case BackendKind::mock_no_memset:
+            run_on<NoMemsetMock>(config, choices, report, trace_fd);
             break;
     }
     return report;
