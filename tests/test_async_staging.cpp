@@ -494,3 +494,30 @@ TEST_CASE("async stager: order_after_uploads with a stream the backend does not 
     REQUIRE(mock.destroy_stream(stream).ok());
     for (const auto s : foreign) REQUIRE(other.destroy_stream(s).ok());
 }
+
+TEST_CASE("async stager: a finish on the bind's stream waits for a kernel ordered onto another stream; 4 at most",
+          "[async][stager][deferred][streams]") {
+    MockBackend mock(MockConfig{.deferred_async = true});
+    std::vector<MockBackend::Stream> streams;
+    for (int i = 0; i < 6; ++i) streams.push_back(test::make_stream(mock));
+    Stager<MockBackend> stager(mock);
+    test::HostRun host;
+    host.add(3000, Direction::In, 1);
+    host.add(2000, Direction::Out, 2);
+    const auto expected = reference(mock, host);
+    Result<StagedRun> run = stager.bind(host.args, streams[0]);
+    REQUIRE(run.ok());
+    for (int i = 1; i <= 4; ++i) REQUIRE(stager.order_after_uploads(*run, streams[static_cast<std::size_t>(i)]).ok());
+    REQUIRE(stager.order_after_uploads(*run, streams[1]).ok());  // again: not a new one
+    const Status fifth = stager.order_after_uploads(*run, streams[5]);
+    CHECK(fifth.code() == Errc::invalid_argument);
+    CHECK_THAT(fifth.message(), Catch::Contains("4 other streams"));
+    Kernel<MockBackend> kernel;  // on stream 3; the finish is on the bind's stream
+    REQUIRE(kernel.launch(mock, streams[3], run->device_args(), host.args).ok());
+    Result<Completion> done = stager.finish(std::move(*run), streams[0]);
+    REQUIRE(done.ok());
+    REQUIRE(done->wait().ok());
+    CHECK(devstage::test::same_bytes(host.buffers, expected));  // the copy-backs came after the kernel
+    CHECK(mock.misuses() == 0);
+    for (const auto stream : streams) REQUIRE(mock.destroy_stream(stream).ok());
+}

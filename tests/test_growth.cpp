@@ -292,3 +292,21 @@ TEST_CASE("growth: the packed mirror retries alignment once per stager too", "[g
     REQUIRE(stager.release().ok());
     CHECK(mock.misuses() == 0);
 }
+
+TEST_CASE("growth: a grow that falls back to the plan after a misaligned try asks with the slack at once",
+          "[growth][alignment]") {
+    // The 2 MiB target comes back misaligned and, with its slack, does not fit: the fallback to
+    // the plan's 1000 bytes goes straight to the slack (one retry in all, two allocations).
+    MockBackend mock(MockConfig{.offset = 64, .device_capacity = std::size_t{2} << 20});
+    Stager<MockBackend, RetainedBump<GranularGrowth<(2 << 20)>>> stager(mock);
+    std::vector<std::byte> host(1000);
+    const TensorArg args[] = {{host.data(), 1000, Direction::In}};
+    auto run = stager.bind(args);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    CHECK(stager.stats().grows_exact_fallback == 1);
+    CHECK(stager.stats().alignment_retries == 1);
+    CHECK(stager.stats().device_mallocs == 2);
+    REQUIRE(stager.release().ok());
+    CHECK(mock.misuses() == 0);
+}

@@ -78,7 +78,7 @@ struct EdgeProgram {
         if (!unbound) return {};
         Result<StagedRun> run = stager.bind(*unbound, copy);
         if (!run && run.status().code() == Errc::invalid_argument) {
-            unbound.reset();  // a failed zeroing leaves the frame stale (see the [!shouldfail] case below)
+            unbound.reset();  // used up (a bind that failed after it moved the mirror, say)
             return {};
         }
         if (!run) return run.status();
@@ -261,25 +261,20 @@ TEST_CASE("stream edges: a frame whose packed upload was refused stays unbound a
     CHECK(again.ok());
 }
 
-// BUG: a frame bind whose zeroing of Out args is refused at the call (device_memset fails)
-// leaves the frame stale, while a frame bind whose upload is refused leaves it unbound and
-// bindable (the case above): Stager::bind_on clears slot.framed before bound() zeroes the Out
-// args, and failed_bind does not restore it (include/devstage/detail/stager_bind.hpp).
+// A frame bind whose zeroing of Out args is refused at the call leaves the frame unbound and
+// bindable, as one whose upload is refused does (the case above).
 TEST_CASE("stream edges: a frame whose Out zeroing was refused stays unbound and binds again",
-          "[stream_edges][frame][!shouldfail]") {
+          "[stream_edges][frame]") {
     const Status again = rebind_after_failure(MockOp::device_memset_async);
     INFO(again.message());
     CHECK(again.ok());
 }
 
-// BUG: a run dropped (destroyed without finish) after order_after_uploads put its kernel on
-// another stream frees its PerTensorMalloc allocations (and hands a retained slot to the next
-// bind) once the bind's stream is done, while the kernel on the other stream may still read and
-// write them: Stager::drop_run / end_live_run (include/devstage/detail/stager_settle.hpp)
-// record the slot's fence on slot.bind_stream only. The slow backend counts the free of memory
-// a pending kernel said it touches.
+// A run dropped (destroyed without finish) after order_after_uploads put its kernel on another
+// stream frees its PerTensorMalloc allocations only once that kernel completed: the slow
+// backend counts the free of memory a pending kernel said it touches.
 TEST_CASE("stream edges: a run dropped after its kernel was ordered onto another stream frees nothing early",
-          "[stream_edges][!shouldfail]") {
+          "[stream_edges]") {
     sequential::SlowBackend slow;
     auto copy = slow.create_stream(), compute = slow.create_stream();
     REQUIRE((copy && compute));

@@ -370,6 +370,7 @@ private:
 
     // ---- finish, settle, release ----------------------------------------------------------
     Status check_run(const StagedRun& run, const char* what = "finish") const noexcept;
+    Status join_kernel_streams(Slot& slot, Stream stream) noexcept;
     void settle(std::size_t index) noexcept;
     Status settle_fully(std::size_t index, const char* what) noexcept;
     void settle_with(std::size_t index, Status status) noexcept;

@@ -121,8 +121,9 @@ Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<cons
         staged = moves().template stage<false>(slot, args, stream, enqueued);
     }
     if (!staged) return failed_bind(slot, stream, enqueued, staged);
-    if (frame) slot.framed = false;
-    return bound(index, args.size(), stream, enqueued);
+    Result<StagedRun> run = bound(index, args.size(), stream, enqueued);
+    if (run && frame) slot.framed = false;  // a bind that failed leaves the frame to bind again
+    return run;
 }
 
 // The run is staged: its Out args are zeroed (OutputPolicy::zero), then it is live.
@@ -139,6 +140,7 @@ Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t coun
     slot.uploads_pending = enqueued && !immediate;
     slot.run_leases = true;
     slot.bind_stream = stream;
+    slot.kernel_stream_count = 0;
     slot.bound_at = ++ticks_;
     ++stats_.runs;
     stats_.high_water_bytes = std::max<std::uint64_t>(stats_.high_water_bytes, slot.layout.required_bytes);
@@ -292,6 +294,7 @@ Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, c
     const std::size_t index = run.slot_;
     Slot& slot = slots_[index];
     Status first = slot.fence.join(async(), slot.bind_stream, stream);
+    if (Status joined = join_kernel_streams(slot, stream); !joined && first.ok()) first = joined;
     // Without the join nothing is enqueued on `stream` but the caller's kernel, which may use
     // the run's memory: the uploads are waited for on the host, and the memory is then kept
     // until `stream`'s work completed (or, if the uploads cannot be waited for, until they do).

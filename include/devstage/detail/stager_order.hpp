@@ -91,12 +91,43 @@ Status Stager<B, Strategy>::order_after_uploads(const StagedRun& run, Stream str
     // the slot's memory before (a bind with nothing to upload still needs those).
     Slot& slot = slots_[run.slot_];
     if (slot.bind_stream == stream) return {};
+    const auto ordered = slot.kernel_streams.begin() + static_cast<std::ptrdiff_t>(slot.kernel_stream_count);
+    const bool known = std::find(slot.kernel_streams.begin(), ordered, stream) != ordered;
+    if (!known && slot.kernel_stream_count == Slot::max_kernel_streams) {
+        return Status(
+            Errc::invalid_argument,
+            with_backend(detail::message("stager order_after_uploads: the run of slot ", run.slot_, " is ordered onto ",
+                                         Slot::max_kernel_streams, " other streams already, the most one run may be")));
+    }
     if (Status joined = slot.fence.join(async(), slot.bind_stream, stream); !joined) {
         return Status(joined.code(), with_backend(detail::message("stager order_after_uploads: ordering the stream "
                                                                   "after the uploads of slot ",
                                                                   run.slot_, " failed: ", joined.message())));
     }
+    if (!known) slot.kernel_streams[slot.kernel_stream_count++] = stream;  // finish and drop wait for it
     return {};
+}
+
+// Makes `stream` wait for what is enqueued so far on the streams order_after_uploads ordered
+// after the live run of `slot` (its kernels may run there), and forgets them. When such a wait
+// cannot be enqueued, the host waits for the whole device where the backend can, so nothing is
+// freed or reused under a kernel; the failure is returned either way.
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::join_kernel_streams(Slot& slot, Stream stream) noexcept {
+    Status first;
+    for (std::size_t i = 0; i < slot.kernel_stream_count; ++i) {
+        if (slot.kernel_streams[i] == stream) continue;
+        if (Status joined = slot.fence.join(async(), slot.kernel_streams[i], stream); !joined && first.ok()) {
+            first = Status(joined.code(),
+                           with_backend(detail::message("stager: ordering after the kernel streams of slot ",
+                                                        &slot - slots_.data(), " failed: ", joined.message())));
+        }
+    }
+    slot.kernel_stream_count = 0;
+    if constexpr (SynchronizingBackend<B>) {
+        if (!first.ok()) (void)backend_->synchronize();
+    }
+    return first;
 }
 
 template <Backend B, class Strategy>

@@ -149,9 +149,12 @@ Status Stager<B, Strategy>::end_live_run(Slot& slot) noexcept {
     for (const TensorLease& lease : slot.leases()) {
         if (lease.release_kind != ReleaseKind::ExternalNoop) ++stats_.copy_backs_skipped;
     }
-    Status recorded = slot.fence.record(async(), slot.bind_stream);  // the uploads complete before any free
+    // The uploads, and kernels on streams ordered after them, complete before any free.
+    Status joined = join_kernel_streams(slot, slot.bind_stream);
+    Status recorded = slot.fence.record(async(), slot.bind_stream);
     unlink_handle(slot);
     Status released = release_leases(slot);
+    if (!joined.ok()) return joined;
     return recorded.ok() ? released : recorded;
 }
 
@@ -246,6 +249,7 @@ void Stager<B, Strategy>::abandon() noexcept {
             unlink_handle(slot);
         }
         slot.lease_count = 0;
+        slot.kernel_stream_count = 0;
         slot.deferred.clear();
         slot.fence.forget();
         slot.framed = slot.held = false;

@@ -152,6 +152,11 @@ struct StagerSlot {
     std::vector<std::uint64_t> settle_after;
     void* last_base = nullptr;  // for address_changes
     Stream bind_stream{};
+    // The other streams order_after_uploads ordered after the live run's bind: its kernels may
+    // run there, so its finish, or its release when it is dropped, waits for them too.
+    static constexpr std::size_t max_kernel_streams = 4;
+    std::array<Stream, max_kernel_streams> kernel_streams{};
+    std::size_t kernel_stream_count = 0;
     // flags
     bool live = false;
     bool all_packed = false;       // the run is a frame: every staged arg in the mirror

@@ -248,12 +248,15 @@ private:
     Result<detail::AlignedAllocation> allocate(B& backend, std::size_t target, const Requirement& need,
                                                StagerStats& stats, std::size_t& size) noexcept {
         const std::size_t required = need.device_bytes;
+        const std::uint64_t retries = stats.alignment_retries;
         Result<detail::AlignedAllocation> grown = detail::allocate_exact_first<Alignment>(
             backend, target, "retained buffer grow", stats, need.device_slack_first);
         size = target;
         if (!grown && target > required) {
-            grown = detail::allocate_exact_first<Alignment>(backend, required, "retained buffer grow", stats,
-                                                            need.device_slack_first);
+            // A misaligned try just now: the fallback asks with the slack at once too.
+            const bool slack_first = need.device_slack_first || stats.alignment_retries != retries;
+            grown =
+                detail::allocate_exact_first<Alignment>(backend, required, "retained buffer grow", stats, slack_first);
             size = required;
             if (grown) ++stats.grows_exact_fallback;
         }
