@@ -16,9 +16,10 @@
  * Conventions. Every function returns a devstage_status; DEVSTAGE_OK is success. After a call
  * that did not return DEVSTAGE_OK, devstage_last_message() gives its message (which operation,
  * which sizes, which backend); a failed call takes nothing and leaves its outputs NULL. Handles
- * are opaque; each kind has a destroy function that accepts NULL. A backend, stager or pool
- * keeps what it was made from alive, so they may be destroyed in any order. A stager, its runs,
- * frames and completions are used from one thread; backends and pinned pools are thread-safe.
+ * are opaque; each kind has a destroy function that accepts NULL. Stagers and pools keep their
+ * backend alive, so handles may be destroyed in any order (a frame's memory, though, lives with
+ * its stager). A stager, its runs, frames and completions are used from one thread; backends
+ * and pinned pools are thread-safe.
  * No exception crosses this interface. See docs/c_api.md.
  */
 #ifndef DEVSTAGE_C_DEVSTAGE_H
@@ -55,8 +56,8 @@ enum devstage_status_code {
     DEVSTAGE_LEAKED = 8             /* memory still held when its owner went away */
 };
 
-/* The message of the last call on this thread that did not return DEVSTAGE_OK ("" after a
- * call that succeeded). Valid until the next devstage call on this thread. */
+/* The message of the last devstage call made on this thread: why it failed, or "" when it
+ * succeeded. Valid until the thread's next devstage call. */
 DEVSTAGE_C_API const char* devstage_last_message(void);
 
 /* A stable lower-case name: "ok", "out_of_memory", ... ("unknown" for other values). */
@@ -127,14 +128,15 @@ typedef struct devstage_callbacks {
     int (*device_memset_async)(void* context, void* device_dst, int value, size_t bytes, void* stream);
 } devstage_callbacks;
 
-/* A backend over `callbacks` (copied). A required callback missing, or a group given in part,
- * is DEVSTAGE_INVALID_ARGUMENT naming what is missing. */
+/* A backend over `callbacks` (copied). A required callback missing, a group given in part, or
+ * device_memset_async without streams is DEVSTAGE_INVALID_ARGUMENT naming what is missing. */
 DEVSTAGE_C_API devstage_status devstage_backend_create_callbacks(const devstage_callbacks* callbacks,
                                                                  devstage_backend** out);
 
 /* Gives up the caller's reference. Stagers and pools made from the backend keep it alive; the
- * backend is destroyed with the last of them. Allocations never freed are reported (their
- * memory is the runtime's to reclaim). */
+ * backend is destroyed with the last of them. A callbacks backend then frees what was allocated
+ * through it and never freed, and reports it: DEVSTAGE_LEAKED when this call destroys it, a
+ * line on stderr when a stager or pool does. */
 DEVSTAGE_C_API devstage_status devstage_backend_destroy(devstage_backend* backend);
 
 /* What a backend is and offers. */
