@@ -14,7 +14,8 @@ fail() {
 }
 cxx=${CXX:-c++}
 
-meson setup "$work/build" --prefix="$work/prefix" -Dtests=disabled -Dexamples=disabled -Dbench=disabled >/dev/null
+meson setup "$work/build" --prefix="$work/prefix" -Dtests=disabled -Dexamples=disabled -Dbench=disabled \
+    -Dcapi=disabled >/dev/null  # the header-only package (c_install covers devstage_c)
 meson install -C "$work/build" >/dev/null
 
 # pkg-config: the consumer picks its standard (C++20 or later); the .pc file must not pick one.
