@@ -40,8 +40,8 @@ alignas(4096) inline std::byte zero_block[zero_block_bytes]{};
 /// zeroed_bytes and zero_uploads. On failure the calls made before stay enqueued.
 // Out of line: a bind that does not zero pays only the policy test.
 template <class B, class Async, class Strategy>
-[[gnu::noinline]] Status zero_outputs(B& backend, Async& async, StagerSlot<Strategy, Async>& slot, typename Async::Stream stream,
-                    StagerStats& stats, bool& enqueued) noexcept {
+[[gnu::noinline]] Status zero_outputs(B& backend, Async& async, StagerSlot<Strategy, Async>& slot,
+                                      typename Async::Stream stream, StagerStats& stats, bool& enqueued) noexcept {
     constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
     const auto set = [&](std::byte* dst, std::size_t bytes) noexcept -> Status {
         Status status;
