@@ -321,6 +321,8 @@ if ring_rows:
             w(f"| {name} | " + " | ".join(cells) + f" | {chunks} | {cpu} |")
         w("")
 
+w("\n## On a GPU: bench/gpu\n")
+w("None of the numbers above come from a GPU. `bench/gpu/run.sh` measures on one: it builds `gpu_bench` here (`bench/gpu/run.sh --build-only`: libstdc++ linked in statically, the CUDA runtime loaded at run time, a copy of libcudart.so.13 carried next to it) and, on a CUDA machine, runs in a few minutes and prints one table with the GPU's model, the driver, the runtime and the date. What it measures, each way's bytes checked in one step before it is timed: the small decode step (4 In + 1 Out, 330 KB) and the Qwen3 set (examples/qwen3_decode.hpp) staged synchronously, stream-ordered on 1 and 2 pipeline slots, with PackSmall, through an in-place frame, and with the copies batched (`cudaMemcpyBatchAsync`, where the runtime has it) or one call per copy; beside them the raw limits through the same backend (`cudaMemcpy` per tensor, `cudaMemcpyAsync` per tensor + one wait, one packed copy each way, one batch each way); PyTorch's `non_blocking` copies of the same sets where `torch` is importable (bench/gpu/torch_copies.py); and a 1 GiB pageable upload directly, through the pageable ring at 0, 1, 2, 4 and 8 copy threads, and from pinned memory. bench/gpu/README.md has the options and the columns. No GPU figure is recorded here yet.")
 w("\n## Reproduce\n")
 w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs the benchmarks and, where "
   "valgrind is installed, the instruction counts, then rewrites this page and the plots). Extra "

@@ -39,6 +39,37 @@ private:
     }
 };
 
+/// A MockBackend that takes batches of up to `limit` copies (MockConfig::batch_copy_limit);
+/// deferred when `Deferred`.
+template <std::size_t Limit, bool Deferred = false>
+class BatchingMock : public MockBackend {
+public:
+    static constexpr std::size_t limit = Limit;
+    BatchingMock() noexcept : BatchingMock(MockConfig{}) {}
+    explicit BatchingMock(MockConfig config) noexcept : MockBackend(batching(config)) {}
+
+private:
+    static MockConfig batching(MockConfig config) noexcept {
+        config.batch_copy_limit = Limit;
+        config.deferred_async = Deferred;
+        return config;
+    }
+};
+
+/// A SimBackend that takes batches of up to `Limit` copies (SimConfig::batch_copy_limit).
+template <std::size_t Limit>
+class BatchingSim : public SimBackend {
+public:
+    BatchingSim() noexcept : BatchingSim(SimConfig{}) {}
+    explicit BatchingSim(SimConfig config) noexcept : SimBackend(batching(config)) {}
+
+private:
+    static SimConfig batching(SimConfig config) noexcept {
+        config.batch_copy_limit = Limit;
+        return config;
+    }
+};
+
 /// How tests make a backend with a device capacity. Specialize for other backends.
 template <class B>
 struct BackendFactory {
@@ -65,6 +96,18 @@ struct BackendFactory<AdversarialMock> {
     }
 };
 
+template <std::size_t Limit, bool Deferred>
+struct BackendFactory<BatchingMock<Limit, Deferred>> {
+    static std::unique_ptr<BatchingMock<Limit, Deferred>> make(std::size_t capacity = std::size_t{1} << 32) {
+        return std::make_unique<BatchingMock<Limit, Deferred>>(MockConfig{.device_capacity = capacity});
+    }
+};
+template <std::size_t Limit>
+struct BackendFactory<BatchingSim<Limit>> {
+    static std::unique_ptr<BatchingSim<Limit>> make(std::size_t capacity = std::size_t{1} << 32) {
+        return std::make_unique<BatchingSim<Limit>>(SimConfig{.device_capacity = capacity});
+    }
+};
 template <>
 struct BackendFactory<DeferredMock> {
     static std::unique_ptr<DeferredMock> make(std::size_t capacity = std::size_t{1} << 32) {
@@ -217,6 +260,18 @@ struct HostRun {
         }
     }
 };
+
+/// A decode-like run: 4 In args (one of them large), one InOut, one Out.
+inline HostRun decode_like_run() {
+    HostRun host;
+    host.add(40000, Direction::In, 1);
+    host.add(2048, Direction::In, 2);
+    host.add(128, Direction::In, 3);
+    host.add(64, Direction::In, 4);
+    host.add(3000, Direction::InOut, 5);
+    host.add(40000, Direction::Out, 6);
+    return host;
+}
 
 /// A stand-in kernel run through the backend's own copies: every non-In arg with bytes is
 /// rewritten on the device from the bytes of all args, so results depend on every upload.

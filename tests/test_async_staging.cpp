@@ -14,7 +14,11 @@
 #include "async_support.hpp"
 #include "support.hpp"
 
-using AsyncStagingBackends = std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::DeferredMock>;
+// The batching ones stage their direct copies in batches (BatchCopyBackend): of up to 3 copies
+// (several calls a direction), and up to 64 (one) with work deferred.
+using AsyncStagingBackends =
+    std::tuple<devstage::SimBackend, devstage::MockBackend, devstage::test::DeferredMock,
+               devstage::test::BatchingSim<3>, devstage::test::BatchingMock<3>, devstage::test::BatchingMock<64, true>>;
 #include "async_staging_suite.hpp"
 
 using namespace devstage;

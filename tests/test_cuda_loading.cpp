@@ -54,6 +54,7 @@ struct CudaShim {
     unsigned (*last_wait_flags)();
     std::size_t (*live)(int);
     int (*set_device)(int);  // the runtime's cudaSetDevice: changes the thread's current device
+    void (*fail_batch_at)(std::size_t, int);
 
     enum Live { streams, events, reservations, mappings, physicals };
 
@@ -75,6 +76,7 @@ struct CudaShim {
                 reinterpret_cast<decltype(s.last_wait_flags)>(::dlsym(handle, "cuda_shim_last_wait_flags"));
             s.live = reinterpret_cast<decltype(s.live)>(::dlsym(handle, "cuda_shim_live"));
             s.set_device = reinterpret_cast<decltype(s.set_device)>(::dlsym(handle, "cudaSetDevice"));
+            s.fail_batch_at = reinterpret_cast<decltype(s.fail_batch_at)>(::dlsym(handle, "cuda_shim_fail_batch_at"));
             return s;
         }();
         REQUIRE(shim.set_capacity != nullptr);
@@ -503,6 +505,113 @@ TEST_CASE("cuda: failed driver calls name the call, the bytes, the device and th
     CHECK(shim.live(CudaShim::reservations) == 0);
 }
 
+namespace {
+// The decode-like run of the batch tests: 4 In, one InOut, one Out, in pinned memory.
+struct BatchRun {
+    explicit BatchRun(CudaBackend& gpu) : gpu(gpu) {
+        const std::size_t sizes[] = {40000, 2048, 128, 64, 3000, 40000};
+        const Direction directions[] = {Direction::In, Direction::In,    Direction::In,
+                                        Direction::In, Direction::InOut, Direction::Out};
+        for (std::size_t i = 0; i < 6; ++i) {
+            Result<void*> pinned = gpu.pinned_malloc(sizes[i]);
+            REQUIRE(pinned.ok());
+            auto* bytes = static_cast<std::byte*>(*pinned);
+            for (std::size_t b = 0; b < sizes[i]; ++b) bytes[b] = static_cast<std::byte>(b * 7 + i);
+            args.push_back(TensorArg{bytes, sizes[i], directions[i]});
+        }
+    }
+    BatchRun(const BatchRun&) = delete;
+    BatchRun& operator=(const BatchRun&) = delete;
+    ~BatchRun() {
+        for (const TensorArg& arg : args) CHECK(gpu.pinned_free(arg.data).ok());
+    }
+    std::vector<std::vector<std::byte>> host() const {
+        std::vector<std::vector<std::byte>> bytes;
+        for (const TensorArg& arg : args) {
+            const auto* at = static_cast<const std::byte*>(arg.data);
+            bytes.emplace_back(at, at + arg.bytes);
+        }
+        return bytes;
+    }
+    CudaBackend& gpu;
+    std::vector<TensorArg> args;
+};
+
+// One synchronous run with the stand-in kernel; the host bytes after it.
+std::vector<std::vector<std::byte>> batch_run(CudaBackend& gpu, Stager<CudaBackend>& stager) {
+    BatchRun run(gpu);
+    Result<StagedRun> bound = stager.bind(run.args);
+    REQUIRE(bound.ok());
+    REQUIRE(test::fake_kernel(gpu, bound->device_args(), run.args).ok());
+    REQUIRE(stager.finish(std::move(*bound)).ok());
+    return run.host();
+}
+}  // namespace
+
+TEST_CASE("cuda: cudaMemcpyBatchAsync carries a run's copies, in either form, with the per-copy results",
+          "[cuda][async][batch]") {
+    const char* no_batch = std::getenv("DEVSTAGE_CUDA_SHIM_NO_DRIVER_LIBRARY");
+    const char* runtime_12_8 = std::getenv("DEVSTAGE_CUDA_SHIM_12_8_LIBRARY");
+    REQUIRE(no_batch != nullptr);
+    REQUIRE(runtime_12_8 != nullptr);
+    auto plain = CudaBackend::create(0, no_batch, no_batch);
+    REQUIRE(plain.ok());
+    CHECK(plain->batch_runtime_version() == 0);
+    const auto stream = test::make_stream(*plain);
+    CHECK(plain->batch_copy_limit(stream) == 0);
+    Stager<CudaBackend> per_copy(*plain);
+    const auto expected = batch_run(*plain, per_copy);
+    CHECK(per_copy.stats().uploads == 5);
+    CHECK(per_copy.stats().batched_copies == 0);
+    const Status refused = plain->copy_to_device_batch(nullptr, nullptr, nullptr, 0, stream);
+    CHECK(refused.code() == Errc::not_supported);
+    CHECK_THAT(refused.message(), Catch::Contains("no cudaMemcpyBatchAsync") && Catch::Contains(no_batch));
+    CHECK(plain->destroy_stream(stream).ok());
+
+    const auto form = GENERATE(13000, 12080);
+    CAPTURE(form);
+    const std::string library = form == 13000 ? std::string(shim_path()) : std::string(runtime_12_8);
+    auto gpu = CudaBackend::create(0, library, library);
+    REQUIRE(gpu.ok());
+    CHECK(gpu->batch_runtime_version() == form);
+    CHECK(gpu->batch_copy_limit(CudaBackend::Stream{}) == 0);  // the legacy default stream
+    {
+        Stager<CudaBackend> stager(*gpu);
+        CHECK(test::same_bytes(batch_run(*gpu, stager), expected));
+        CHECK(stager.stats().uploads == 1);
+        CHECK(stager.stats().copy_backs == 1);
+        CHECK(stager.stats().batched_copies == 5 + 2);
+    }
+    SECTION("the legacy default stream is refused by the batch call (the Stager copies one by one there)") {
+        const Status legacy = gpu->copy_to_device_batch(nullptr, nullptr, nullptr, 1, CudaBackend::Stream{});
+        CHECK(legacy.code() == Errc::invalid_argument);
+        CHECK_THAT(legacy.message(), Catch::Contains("legacy default stream"));
+    }
+    SECTION("a batch refused part way fails the run; the stager goes on") {
+        void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+        REQUIRE(handle != nullptr);
+        auto fail_at = reinterpret_cast<void (*)(std::size_t, int)>(::dlsym(handle, "cuda_shim_fail_batch_at"));
+        REQUIRE(fail_at != nullptr);
+        Stager<CudaBackend> stager(*gpu);
+        {
+            BatchRun run(*gpu);
+            fail_at(3, 1);  // cudaErrorInvalidValue at copy 3: copies 0-2 were made
+            Result<StagedRun> bound = stager.bind(run.args);
+            REQUIRE_FALSE(bound.ok());
+            const std::string message = bound.status().message();
+            CHECK_THAT(message, Catch::Contains("a batch of 5 copies") &&
+                                    Catch::Contains("cudaMemcpyBatchAsync(host to device) failed") &&
+                                    Catch::Contains("cudaError 1"));
+            if (form == 12080) CHECK_THAT(message, Catch::Contains("at copy 3 of 5"));
+            CHECK(stager.live_runs() == 0);
+        }
+        CHECK(test::same_bytes(batch_run(*gpu, stager), expected));
+        REQUIRE(stager.release().ok());
+        CHECK(stager.stats().device_mallocs == stager.stats().device_frees);
+        ::dlclose(handle);
+    }
+}
+
 #ifdef DEVSTAGE_TEST_CUDA_H
 // The declarations cuda.hpp keeps for itself, against the installed CUDA headers.
 static_assert(cudart::success == cudaSuccess);
@@ -558,6 +667,23 @@ static_assert(offsetof(CUmemAllocationProp, allocFlags) == offsetof(cudrv::MemAl
 static_assert(sizeof(CUmemAccessDesc) == sizeof(cudrv::MemAccessDesc));
 static_assert(offsetof(CUmemAccessDesc, location) == offsetof(cudrv::MemAccessDesc, location));
 static_assert(offsetof(CUmemAccessDesc, flags) == offsetof(cudrv::MemAccessDesc, flags));
+
+// cudaMemcpyBatchAsync (CUDA 13 form) and what it takes.
+static_assert(sizeof(cudaMemcpyAttributes) == sizeof(cudart::MemcpyAttributes));
+static_assert(offsetof(cudaMemcpyAttributes, srcAccessOrder) == offsetof(cudart::MemcpyAttributes, src_access_order));
+static_assert(offsetof(cudaMemcpyAttributes, srcLocHint) == offsetof(cudart::MemcpyAttributes, src_loc_hint));
+static_assert(offsetof(cudaMemcpyAttributes, dstLocHint) == offsetof(cudart::MemcpyAttributes, dst_loc_hint));
+static_assert(offsetof(cudaMemcpyAttributes, flags) == offsetof(cudart::MemcpyAttributes, flags));
+static_assert(sizeof(cudaMemLocation) == sizeof(cudart::MemLocation));
+static_assert(offsetof(cudaMemLocation, id) == offsetof(cudart::MemLocation, id));
+static_assert(cudart::memcpy_src_access_order_stream == cudaMemcpySrcAccessOrderStream);
+static_assert(cudart::mem_location_type_device == cudaMemLocationTypeDevice);
+static_assert(cudart::mem_location_type_host == cudaMemLocationTypeHost);
+static_assert(CUDART_VERSION < 13000 || CUDART_VERSION >= cudart::batch_without_fail_index_version);
+static_assert(std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
+                             cudaError_t (*)(void* const*, const void* const*, const size_t*, size_t,
+                                             cudaMemcpyAttributes*, size_t*, size_t, cudaStream_t)>);
+static_assert(std::is_same_v<decltype(&::cudaRuntimeGetVersion), cudaError_t (*)(int*)>);
 
 TEST_CASE("cuda: the ABI declarations match the installed cuda.h", "[cuda]") {
     SUCCEED("checked at compile time");

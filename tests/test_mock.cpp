@@ -161,8 +161,10 @@ MockConfig deferred(std::uint32_t polls = 2) {
 }  // namespace
 
 TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock][async]") {
-    STATIC_REQUIRE(devstage::mock_op_count == 20);
+    STATIC_REQUIRE(devstage::mock_op_count == 22);
     CHECK(devstage::to_string(MockOp::device_memset_async) == "device_memset_async");
+    CHECK(devstage::to_string(MockOp::copy_to_device_batch) == "copy_to_device_batch");
+    CHECK(devstage::to_string(MockOp::copy_from_device_batch) == "copy_from_device_batch");
     CHECK(devstage::to_string(MockOp::create_stream) == "create_stream");
     CHECK(devstage::to_string(MockOp::copy_from_device_async) == "copy_from_device_async");
     CHECK(devstage::to_string(MockOp::launch_host_func) == "launch_host_func");

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // devstage on an NVIDIA GPU through CudaBackend, all in one process:
-//  1. one decode step staged each way devstage offers — synchronous per tensor, stream-ordered
-//     per tensor, PackSmall, in-place frames — next to the raw limits measured through the same
-//     backend (cudaMemcpy per tensor, cudaMemcpyAsync per tensor + one wait, one packed copy
-//     each way + one wait), for the small decode step and the 19-tensor Qwen3-14B set: copies
-//     and microseconds per step, and the in-place frame against the packed limit;
+//  1. one decode step staged each way devstage offers — synchronous, stream-ordered on 1 and 2
+//     pipeline slots, one call per copy or the copies batched (cudaMemcpyBatchAsync), PackSmall,
+//     in-place frames — next to the raw limits measured through the same backend (cudaMemcpy per
+//     tensor, cudaMemcpyAsync per tensor + one wait, one packed copy each way + one wait, one
+//     batch each way + one wait), for the small decode step and the 19-tensor Qwen3-14B set:
+//     copies and microseconds per step, each way's bytes checked first, and the ratios to the
+//     limits;
 //  2. decode steady state, RetainedBump vs PerTensorMalloc, on the Qwen3 set;
 //  3. host-to-device and device-to-host throughput from pinned vs pageable memory;
 //  4. cudaHostAlloc cost vs a PinnedHostPool cache hit;
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -49,12 +52,13 @@ struct Options {
     int ring_steps = 5;               // steps of each way in section 5 (the first is not counted)
     std::size_t ring_max_mib = 1024;  // the largest arg of section 5
     bool ring_only = false;           // section 5 alone
+    bool list_sets = false;           // print the tensors of section 1 and exit (for torch_copies.py)
 };
 
 [[noreturn]] void usage(const char* argv0) {
     std::fprintf(stderr,
                  "usage: %s [--steps N (3000)] [--set-scale S (0.002)] [--set-steps N (300)] [--scale S (0.02)] "
-                 "[--scale-steps N (10)] [--ring-steps N (5)] [--ring-max-mib N (1024)] [--ring-only]\n",
+                 "[--scale-steps N (10)] [--ring-steps N (5)] [--ring-max-mib N (1024)] [--ring-only] [--list-sets]\n",
                  argv0);
     std::exit(2);
 }
@@ -73,6 +77,10 @@ Options parse(int argc, char** argv) {
         const std::string_view flag = argv[i];
         if (flag == "--ring-only") {
             options.ring_only = true;
+            continue;
+        }
+        if (flag == "--list-sets") {
+            options.list_sets = true;
             continue;
         }
         if (i + 1 >= argc) usage(argv[0]);
@@ -209,6 +217,45 @@ void print_device(const Runtime& runtime, int device) {
 
 // ---- section 1: one decode step, each way ---------------------------------------------------
 
+// CudaBackend without its batch operations (not a BatchCopyBackend): stagers over it make one
+// call per copy whatever the runtime offers, so the per-copy rows stay per copy.
+class PerCopy {
+public:
+    using Stream = CudaBackend::Stream;
+    using Event = CudaBackend::Event;
+    static constexpr std::size_t device_alignment = CudaBackend::device_alignment;
+    explicit PerCopy(CudaBackend& gpu) noexcept : gpu_(&gpu) {}
+    std::string_view name() const noexcept { return gpu_->name(); }
+    Result<void*> device_malloc(std::size_t n) noexcept { return gpu_->device_malloc(n); }
+    Status device_free(void* p) noexcept { return gpu_->device_free(p); }
+    Status copy_to_device(void* d, const void* h, std::size_t n) noexcept { return gpu_->copy_to_device(d, h, n); }
+    Status copy_from_device(void* h, const void* d, std::size_t n) noexcept { return gpu_->copy_from_device(h, d, n); }
+    Result<void*> pinned_malloc(std::size_t n) noexcept { return gpu_->pinned_malloc(n); }
+    Status pinned_free(void* p) noexcept { return gpu_->pinned_free(p); }
+    bool is_pinned(const void* p) const noexcept { return gpu_->is_pinned(p); }
+    Result<Stream> create_stream() noexcept { return gpu_->create_stream(); }
+    Status destroy_stream(Stream s) noexcept { return gpu_->destroy_stream(s); }
+    Status copy_to_device_async(void* d, const void* h, std::size_t n, Stream s) noexcept {
+        return gpu_->copy_to_device_async(d, h, n, s);
+    }
+    Status copy_from_device_async(void* h, const void* d, std::size_t n, Stream s) noexcept {
+        return gpu_->copy_from_device_async(h, d, n, s);
+    }
+    Status device_memset_async(void* d, int v, std::size_t n, Stream s) noexcept {
+        return gpu_->device_memset_async(d, v, n, s);
+    }
+    Result<Event> create_event() noexcept { return gpu_->create_event(); }
+    Status destroy_event(Event e) noexcept { return gpu_->destroy_event(e); }
+    Status record_event(Event e, Stream s) noexcept { return gpu_->record_event(e, s); }
+    Result<bool> event_ready(Event e) noexcept { return gpu_->event_ready(e); }
+    Status synchronize_event(Event e) noexcept { return gpu_->synchronize_event(e); }
+    Status stream_wait_event(Stream s, Event e) noexcept { return gpu_->stream_wait_event(s, e); }
+
+private:
+    CudaBackend* gpu_;
+};
+static_assert(AsyncBackend<PerCopy> && PinnedHostBackend<PerCopy> && !BatchCopyBackend<PerCopy>);
+
 // One way of staging a step: `step()` runs one, `copies()` and `bytes()` count what the steps
 // so far moved (copy calls, bytes either way).
 struct Way {
@@ -216,6 +263,8 @@ struct Way {
     std::function<Status()> step;
     std::function<std::uint64_t()> copies;
     std::function<std::uint64_t()> bytes;
+    std::function<Status()> check;  // one step whose bytes are checked (see checked_step)
+    bool available = true;          // false: not on this runtime (printed as n/a)
 };
 
 struct Measured {
@@ -229,6 +278,8 @@ std::vector<Measured> measure(std::vector<Way>& ways, int warmup, int steps) {
     std::vector<std::vector<double>> samples(ways.size());
     std::vector<std::uint64_t> copies(ways.size()), bytes(ways.size());
     for (Way& way : ways) {
+        if (!way.available) continue;
+        if (Status s = way.check(); !s) fail(way.label + ": the checked step", s);
         for (int i = 0; i < warmup; ++i) {
             if (Status s = way.step(); !s) fail(way.label, s);
         }
@@ -240,6 +291,7 @@ std::vector<Measured> measure(std::vector<Way>& ways, int warmup, int steps) {
     for (int round = 0; round < rounds; ++round) {
         const int count = steps / rounds + (round < steps % rounds ? 1 : 0);
         for (std::size_t w = 0; w < ways.size(); ++w) {
+            if (!ways[w].available) continue;
             for (int i = 0; i < count; ++i) {
                 const auto start = Clock::now();
                 if (Status s = ways[w].step(); !s) fail(ways[w].label, s);
@@ -249,6 +301,10 @@ std::vector<Measured> measure(std::vector<Way>& ways, int warmup, int steps) {
     }
     std::vector<Measured> out;
     for (std::size_t w = 0; w < ways.size(); ++w) {
+        if (!ways[w].available) {
+            out.push_back({});
+            continue;
+        }
         out.push_back({percentile(samples[w], 0.5), percentile(samples[w], 0.9),
                        static_cast<double>(ways[w].copies() - copies[w]) / steps,
                        static_cast<double>(ways[w].bytes() - bytes[w]) / steps});
@@ -268,61 +324,179 @@ std::uint64_t stager_bytes(const StagerStats& s) {
     return s.bytes_to_device + s.bytes_from_device;
 }
 
-template <class Strategy>
-Way synchronous_way(std::string label, CudaBackend& gpu, std::span<const TensorArg> args) {
-    auto stager = std::make_shared<Stager<CudaBackend, Strategy>>(gpu);
+// The bytes of device memory at `device`, read back synchronously.
+template <class B>
+Result<std::vector<std::byte>> device_bytes(B& backend, const void* device, std::size_t bytes) {
+    std::vector<std::byte> out(bytes);
+    if (Status s = backend.copy_from_device(out.data(), device, bytes); !s) return s;
+    return out;
+}
+
+// The host waits for the work enqueued on `stream` so far.
+template <class B>
+Status wait_for(B& backend, typename B::Stream stream) {
+    Result<typename B::Event> event = backend.create_event();
+    if (!event) return event.status();
+    Status waited = backend.record_event(*event, stream);
+    if (waited) waited = backend.synchronize_event(*event);
+    (void)backend.destroy_event(*event);
+    return waited;
+}
+
+Status mismatch(std::string what, std::size_t arg) {
+    return Status(Errc::backend_failure, what + " of arg " + std::to_string(arg) + " differ from what was staged");
+}
+
+// One step whose bytes are checked: after the bind every In/InOut device arg holds its host
+// bytes; after the wait every InOut host arg still holds them (the device gave them back) and
+// every Out arg is zero (OutputPolicy::zero sets it on the device; its host bytes were 0xEE).
+template <class B, class S>
+Status checked_step(B& backend, S& stager, std::span<const TensorArg> args, typename B::Stream stream, bool ordered) {
+    for (const TensorArg& arg : args) {
+        if (arg.direction == Direction::Out) std::memset(arg.data, 0xEE, arg.bytes);
+    }
+    Result<StagedRun> run = ordered ? stager.bind(args, stream) : stager.bind(args);
+    if (!run) return run.status();
+    if (ordered) {  // the uploads are on `stream`: wait for them before reading the device
+        if (Status waited = wait_for(backend, stream); !waited) return waited;
+    }
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (args[i].direction == Direction::Out) continue;
+        Result<std::vector<std::byte>> on_device = device_bytes(backend, run->device_args()[i].data, args[i].bytes);
+        if (!on_device) return on_device.status();
+        if (std::memcmp(on_device->data(), args[i].data, args[i].bytes) != 0) return mismatch("device bytes", i);
+    }
+    std::vector<std::vector<std::byte>> in_out;
+    for (const TensorArg& arg : args) {
+        const auto* at = static_cast<const std::byte*>(arg.data);
+        in_out.emplace_back(arg.direction == Direction::InOut ? at : nullptr,
+                            arg.direction == Direction::InOut ? at + arg.bytes : nullptr);
+    }
+    if (ordered) {
+        Result<Completion> done = stager.finish(std::move(*run), stream);
+        if (!done) return done.status();
+        if (Status waited = done->wait(); !waited) return waited;
+    } else if (Status finished = stager.finish(std::move(*run)); !finished) {
+        return finished;
+    }
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        const auto* at = static_cast<const std::byte*>(args[i].data);
+        if (args[i].direction == Direction::InOut && std::memcmp(at, in_out[i].data(), args[i].bytes) != 0) {
+            return mismatch("host bytes after the copy-back", i);
+        }
+        if (args[i].direction == Direction::Out &&
+            std::any_of(at, at + args[i].bytes, [](std::byte b) { return b != std::byte{0}; })) {
+            return mismatch("zeroed Out bytes", i);
+        }
+    }
+    return {};
+}
+
+// The backend a stager of a way runs on: the CudaBackend itself (batches where the runtime has
+// them) or PerCopy over it.
+template <class B>
+std::shared_ptr<B> backend_of(CudaBackend& gpu) {
+    if constexpr (std::is_same_v<B, CudaBackend>) {
+        return std::shared_ptr<CudaBackend>(&gpu, [](CudaBackend*) {});
+    } else {
+        return std::make_shared<B>(gpu);
+    }
+}
+
+template <class B, class Strategy>
+Way synchronous_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
+    auto backend = backend_of<B>(gpu);
+    auto stager = std::make_shared<Stager<B, Strategy>>(*backend);
     return {std::move(label),
-            [stager, args]() -> Status {
+            [backend, stager, args]() -> Status {
                 Result<StagedRun> run = stager->bind(args);
                 if (!run) return run.status();
                 return stager->finish(std::move(*run));
             },
-            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); },
+            [backend, stager, args, stream] { return checked_step(*backend, *stager, args, stream, false); }};
 }
 
-template <class Strategy>
-Way stream_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
-    auto stager = std::make_shared<Stager<CudaBackend, Strategy>>(gpu);
+// On `slots` pipeline slots: with two, a step binds and finishes a run, then waits for the run
+// before it (one run stays in flight between steps).
+template <class B, class Strategy>
+Way stream_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args,
+               std::size_t slots = 1) {
+    auto backend = backend_of<B>(gpu);
+    auto stager = std::make_shared<Stager<B, Strategy>>(*backend, Strategy{}, slots);
+    auto in_flight = std::make_shared<std::optional<Completion>>();
     return {std::move(label),
-            [stager, stream, args]() -> Status {
+            [backend, stager, in_flight, stream, args, slots]() -> Status {
                 Result<StagedRun> run = stager->bind(args, stream);
                 if (!run) return run.status();
                 Result<Completion> done = stager->finish(std::move(*run), stream);
                 if (!done) return done.status();
-                return done->wait();
+                if (slots == 1) return done->wait();
+                Status waited;
+                if (*in_flight) waited = (*in_flight)->wait();
+                *in_flight = std::move(*done);
+                return waited;
             },
-            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); },
+            [backend, stager, in_flight, args, stream]() -> Status {
+                if (*in_flight) {
+                    if (Status waited = (*in_flight)->wait(); !waited) return waited;
+                    in_flight->reset();
+                }
+                return checked_step(*backend, *stager, args, stream, true);
+            }};
 }
 
 // In-place frames: the inputs are written into the frame (here: a step number stamped into
 // each input, the rest left from the first step, which copies the whole set in), bound, and
-// finished; the output is read after the wait.
+// finished; the output is read after the wait. The checked step compares the device bytes
+// with the frame's after the bind, and checks the Out args are zero after the wait.
 Way frame_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
-    auto stager = std::make_shared<Stager<CudaBackend, Packed>>(gpu);
+    auto backend = backend_of<PerCopy>(gpu);
+    auto stager = std::make_shared<Stager<PerCopy, Packed>>(*backend);
     auto shapes = std::make_shared<std::vector<TensorShape>>();
     for (const TensorArg& arg : args) shapes->push_back({arg.bytes, arg.direction});
     auto state = std::make_shared<std::uint64_t>(0);
-    return {std::move(label),
-            [stager, shapes, state, stream, args]() -> Status {
-                Result<HostFrame> frame = stager->frame(*shapes);
-                if (!frame) return frame.status();
-                const std::uint64_t step = (*state)++;
-                for (std::size_t i = 0; i < frame->size(); ++i) {
-                    const std::span<std::byte> host = frame->host(i);
-                    if (args[i].direction == Direction::Out) continue;
-                    if (step == 0) std::memcpy(host.data(), args[i].data, host.size());
-                    std::memcpy(host.data(), &step, std::min(sizeof step, host.size()));
+    auto step = [backend, stager, shapes, state, stream, args](bool check) -> Status {
+        Result<HostFrame> frame = stager->frame(*shapes);
+        if (!frame) return frame.status();
+        const std::uint64_t n = (*state)++;
+        for (std::size_t i = 0; i < frame->size(); ++i) {
+            const std::span<std::byte> host = frame->host(i);
+            if (args[i].direction == Direction::Out) continue;
+            if (n == 0) std::memcpy(host.data(), args[i].data, host.size());
+            std::memcpy(host.data(), &n, std::min(sizeof n, host.size()));
+        }
+        Result<StagedRun> run = stager->bind(*frame, stream);
+        if (!run) return run.status();
+        if (check) {
+            if (Status s = wait_for(*backend, stream); !s) return s;
+            for (std::size_t i = 0; i < frame->size(); ++i) {
+                if (args[i].direction == Direction::Out) continue;
+                Result<std::vector<std::byte>> on_device =
+                    device_bytes(*backend, run->device_args()[i].data, args[i].bytes);
+                if (!on_device) return on_device.status();
+                if (std::memcmp(on_device->data(), frame->host(i).data(), args[i].bytes) != 0) {
+                    return mismatch("device bytes", i);
                 }
-                Result<StagedRun> run = stager->bind(*frame, stream);
-                if (!run) return run.status();
-                Result<Completion> done = stager->finish(std::move(*run), stream);
-                if (!done) return done.status();
-                if (Status waited = done->wait(); !waited) return waited;
-                volatile std::byte first = frame->host(frame->size() - 1)[0];
-                (void)first;
-                return {};
-            },
-            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); }};
+            }
+        }
+        Result<Completion> done = stager->finish(std::move(*run), stream);
+        if (!done) return done.status();
+        if (Status waited = done->wait(); !waited) return waited;
+        for (std::size_t i = 0; check && i < frame->size(); ++i) {
+            const std::span<const std::byte> out = frame->host(i);
+            if (args[i].direction == Direction::Out &&
+                std::any_of(out.begin(), out.end(), [](std::byte b) { return b != std::byte{0}; })) {
+                return mismatch("zeroed Out bytes", i);
+            }
+        }
+        volatile std::byte first = frame->host(frame->size() - 1)[0];
+        (void)first;
+        return {};
+    };
+    return {std::move(label), [step] { return step(false); }, [stager] { return stager_copies(stager->stats()); },
+            [stager] { return stager_bytes(stager->stats()); }, [step] { return step(true); }};
 }
 
 // Device memory, a pinned packed buffer and an event for the raw ways, freed with it.
@@ -383,12 +557,62 @@ struct Counted {
     }
 };
 
+// The checked step of a raw way: its In/InOut bytes (of the packed buffer, or of the args) are
+// on the device after the step and unchanged on the host (InOut ones came back).
 Way raw_way(std::string label, const std::function<Status(RawTarget&, Counted&)>& step,
-            const std::shared_ptr<RawTarget>& raw) {
+            const std::shared_ptr<RawTarget>& raw, std::span<const TensorArg> args, bool packed = false) {
     auto counted = std::make_shared<Counted>();
+    auto check = [raw, counted, step, args, packed]() -> Status {
+        const auto host_of = [&](std::size_t i) {
+            return packed ? raw->packed + raw->offsets[i] : static_cast<const std::byte*>(args[i].data);
+        };
+        std::vector<std::vector<std::byte>> before;
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            before.emplace_back(host_of(i), host_of(i) + (args[i].direction == Direction::Out ? 0 : args[i].bytes));
+        }
+        if (Status s = step(*raw, *counted); !s) return s;
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            if (args[i].direction == Direction::Out) continue;
+            Result<std::vector<std::byte>> on_device =
+                device_bytes(raw->gpu, raw->device + raw->offsets[i], args[i].bytes);
+            if (!on_device) return on_device.status();
+            if (std::memcmp(on_device->data(), before[i].data(), args[i].bytes) != 0)
+                return mismatch("device bytes", i);
+            if (std::memcmp(host_of(i), before[i].data(), args[i].bytes) != 0) return mismatch("host bytes", i);
+        }
+        return {};
+    };
     return {std::move(label), [raw, counted, step] { return step(*raw, *counted); },
-            [counted] { return counted->copies; }, [counted] { return counted->bytes; }};
+            [counted] { return counted->copies; }, [counted] { return counted->bytes; }, check};
 }
+
+// The arrays of a raw batch each way: In/InOut args to their places in the device buffer, and
+// InOut/Out args back.
+struct RawBatch {
+    struct Side {
+        std::vector<void*> dsts;
+        std::vector<const void*> srcs;
+        std::vector<std::size_t> sizes;
+        std::size_t bytes = 0;
+    };
+    Side up, down;
+    RawBatch(std::span<const TensorArg> args, RawTarget& raw) {
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            if (args[i].direction != Direction::Out) {
+                up.dsts.push_back(raw.device + raw.offsets[i]);
+                up.srcs.push_back(args[i].data);
+                up.sizes.push_back(args[i].bytes);
+                up.bytes += args[i].bytes;
+            }
+            if (args[i].direction != Direction::In) {
+                down.dsts.push_back(args[i].data);
+                down.srcs.push_back(raw.device + raw.offsets[i]);
+                down.sizes.push_back(args[i].bytes);
+                down.bytes += args[i].bytes;
+            }
+        }
+    }
+};
 
 // Per tensor, to or from the tensor's place in the device buffer: In and InOut up, then InOut
 // and Out back.
@@ -416,7 +640,7 @@ std::vector<Way> raw_ways(const std::shared_ptr<RawTarget>& raw, std::span<const
                 args, r, c, [&r](void* d, const void* h, std::size_t n) { return r.gpu.copy_to_device(d, h, n); },
                 [&r](void* h, const void* d, std::size_t n) { return r.gpu.copy_from_device(h, d, n); });
         },
-        raw));
+        raw, args));
     ways.push_back(raw_way(
         "raw: cudaMemcpyAsync per tensor + 1 wait",
         [args](RawTarget& r, Counted& c) {
@@ -428,7 +652,7 @@ std::vector<Way> raw_ways(const std::shared_ptr<RawTarget>& raw, std::span<const
                 });
             return enqueued ? r.wait() : enqueued;
         },
-        raw));
+        raw, args));
     ways.push_back(raw_way(
         "raw: packed, 1 H2D + 1 D2H async + 1 wait",
         [](RawTarget& r, Counted& c) -> Status {
@@ -443,32 +667,69 @@ std::vector<Way> raw_ways(const std::shared_ptr<RawTarget>& raw, std::span<const
             c.add(back);
             return r.wait();
         },
-        raw));
+        raw, args, true));
+    // One cudaMemcpyBatchAsync each way (the In/InOut tensors up, the InOut/Out ones back), from
+    // and to the args, then one wait.
+    auto batch = std::make_shared<RawBatch>(args, *raw);
+    Way batched = raw_way(
+        "raw: 1 batch H2D + 1 batch D2H + 1 wait",
+        [batch](RawTarget& r, Counted& c) -> Status {
+            for (const bool up : {true, false}) {
+                RawBatch::Side& side = up ? batch->up : batch->down;
+                Status s = up ? r.gpu.copy_to_device_batch(side.dsts.data(), side.srcs.data(), side.sizes.data(),
+                                                           side.dsts.size(), r.stream)
+                              : r.gpu.copy_from_device_batch(side.dsts.data(), side.srcs.data(), side.sizes.data(),
+                                                             side.dsts.size(), r.stream);
+                if (!s) return s;
+                ++c.copies;
+                c.bytes += side.bytes;
+            }
+            return r.wait();
+        },
+        raw, args);
+    batched.available = raw->gpu.batch_copy_limit(raw->stream) >= 2;
+    ways.push_back(std::move(batched));
     return ways;
 }
 
 // The order all_ways() lists them in.
 enum : std::size_t {
     way_synchronous,
+    way_synchronous_batch,
     way_stream,
+    way_stream_two,
+    way_stream_batch,
+    way_stream_batch_two,
     way_packed,
+    way_packed_batch,
     way_packed_all,
     way_frame,
     way_raw_memcpy,
     way_raw_async,
     way_raw_packed,
+    way_raw_batch,
     way_count
 };
 
 std::vector<Way> all_ways(CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args,
                           const std::shared_ptr<RawTarget>& raw) {
+    const bool batches = gpu.batch_copy_limit(stream) >= 2;
     std::vector<Way> ways;
-    ways.push_back(synchronous_way<PerTensor>("synchronous, per tensor", gpu, args));
-    ways.push_back(stream_way<PerTensor>("stream-ordered, per tensor", gpu, stream, args));
-    ways.push_back(stream_way<Packed>("PackSmall<16384>", gpu, stream, args));
-    ways.push_back(stream_way<PackedAll>("PackSmall<" + std::to_string(all_five_limit) + ">", gpu, stream, args));
+    ways.push_back(synchronous_way<PerCopy, PerTensor>("synchronous, per copy", gpu, stream, args));
+    ways.push_back(synchronous_way<CudaBackend, PerTensor>("synchronous, batch", gpu, stream, args));
+    ways.push_back(stream_way<PerCopy, PerTensor>("stream-ordered, per copy, 1 slot", gpu, stream, args));
+    ways.push_back(stream_way<PerCopy, PerTensor>("stream-ordered, per copy, 2 slots", gpu, stream, args, 2));
+    ways.push_back(stream_way<CudaBackend, PerTensor>("stream-ordered, batch, 1 slot", gpu, stream, args));
+    ways.push_back(stream_way<CudaBackend, PerTensor>("stream-ordered, batch, 2 slots", gpu, stream, args, 2));
+    ways.push_back(stream_way<PerCopy, Packed>("PackSmall<16384>, per copy", gpu, stream, args));
+    ways.push_back(stream_way<CudaBackend, Packed>("PackSmall<16384>, batch", gpu, stream, args));
+    ways.push_back(
+        stream_way<PerCopy, PackedAll>("PackSmall<" + std::to_string(all_five_limit) + ">", gpu, stream, args));
     ways.push_back(frame_way("in-place frame", gpu, stream, args));
     for (Way& way : raw_ways(raw, args)) ways.push_back(std::move(way));
+    for (const std::size_t w : {way_synchronous_batch, way_stream_batch, way_stream_batch_two, way_packed_batch}) {
+        ways[w].available = batches;
+    }
     if (ways.size() != way_count) std::abort();
     return ways;
 }
@@ -521,18 +782,32 @@ void section_one(CudaBackend& gpu, const Options& options) {
     for (std::size_t w = 0; w < labels.size(); ++w) {
         const Measured& a = small_results[w];
         const Measured& b = set_results[w];
+        if (a.median_us == 0 || b.median_us == 0) {
+            std::printf("%-44s | %-37s | %-41s\n", labels[w].c_str(), "n/a (no cudaMemcpyBatchAsync)", "n/a");
+            continue;
+        }
         std::printf("%-44s | %6.1f %8.1f %10.1f %9.1f | %6.1f %9.2f %12.1f %10.1f\n", labels[w].c_str(), a.copies,
                     a.bytes / 1024, a.median_us, a.p90_us, b.copies, b.bytes / 1e6, b.median_us, b.p90_us);
     }
+    std::printf(
+        "(each way's bytes were checked in one step before its warm-up: the uploads on the device,\n"
+        " InOut bytes back unchanged, Out args zeroed)\n");
     const auto ratio = [&](const char* what, std::size_t way, std::size_t limit) {
-        std::printf("%-62s small step %5.2fx   Qwen3 set %5.2fx\n", what,
+        if (small_results[way].median_us == 0 || small_results[limit].median_us == 0) {
+            std::printf("%-66s n/a\n", what);
+            return;
+        }
+        std::printf("%-66s small step %5.2fx   Qwen3 set %5.2fx\n", what,
                     small_results[way].median_us / small_results[limit].median_us,
                     set_results[way].median_us / set_results[limit].median_us);
     };
     std::printf("\nmedians against the raw limits:\n");
     ratio("in-place frame / raw packed (goal: at most 1.10x)", way_frame, way_raw_packed);
-    ratio("stream-ordered per tensor / raw cudaMemcpyAsync per tensor", way_stream, way_raw_async);
-    ratio("synchronous per tensor / raw cudaMemcpy per tensor", way_synchronous, way_raw_memcpy);
+    ratio("stream-ordered batch, 1 slot / raw packed", way_stream_batch, way_raw_packed);
+    ratio("stream-ordered batch, 1 slot / raw 1 batch each way", way_stream_batch, way_raw_batch);
+    ratio("raw 1 batch each way / raw cudaMemcpyAsync per tensor", way_raw_batch, way_raw_async);
+    ratio("stream-ordered per copy, 1 slot / raw cudaMemcpyAsync per tensor", way_stream, way_raw_async);
+    ratio("synchronous per copy / raw cudaMemcpy per tensor", way_synchronous, way_raw_memcpy);
 }
 
 // ---- sections 2-4 (synchronous staging of a larger set) -------------------------------------
@@ -729,8 +1004,27 @@ void section_five(CudaBackend& gpu, const Options& options) {
 
 }  // namespace
 
+// The tensors of section 1, one line each: "<set> <In|InOut|Out> <bytes>" (no GPU needed).
+int list_sets(const Options& options) {
+    qwen3::PageableStorage storage;
+    const qwen3::Inputs set = qwen3::generate(storage, options.set_scale);
+    if (!set.ok()) fail("generating the Qwen3 set", Status(Errc::invalid_argument, "bad scale"));
+    const auto direction = [](Direction d) {
+        return d == Direction::In ? "In" : d == Direction::InOut ? "InOut" : "Out";
+    };
+    for (std::size_t i = 0; i < set.args.size(); ++i) {
+        for (const std::string_view name : {"hidden_states", "block_table", "slot_mapping", "seq_lens", "output"}) {
+            if (set.names[i] == name)
+                std::printf("small %s %zu\n", direction(set.args[i].direction), set.args[i].bytes);
+        }
+    }
+    for (const TensorArg& arg : set.args) std::printf("qwen3 %s %zu\n", direction(arg.direction), arg.bytes);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     const Options options = parse(argc, argv);
+    if (options.list_sets) return list_sets(options);
     const Runtime runtime = find_runtime();
     if (runtime.name.empty()) {
         std::printf(
@@ -744,7 +1038,17 @@ int main(int argc, char** argv) {
         return 77;
     }
     const auto start = Clock::now();
+    char date[64] = {};
+    const std::time_t now = std::time(nullptr);
+    (void)std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    std::printf("devstage gpu_bench, %s\n", date);
     print_device(runtime, gpu->device_id());
+    if (gpu->batch_runtime_version() > 0) {
+        std::printf("cudaMemcpyBatchAsync: resolved, in the form of CUDA %s\n",
+                    cuda_version(gpu->batch_runtime_version()).c_str());
+    } else {
+        std::printf("cudaMemcpyBatchAsync: not in this runtime (the batch rows are n/a)\n");
+    }
     if (!options.ring_only) {
         section_one(*gpu, options);
         sections_two_to_four(*gpu, options);

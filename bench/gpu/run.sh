@@ -6,6 +6,8 @@
 #   bench/gpu/run.sh [gpu_bench options] run it on a GPU machine (builds first if it is missing)
 #   bench/gpu/run.sh --rebuild [...]     build again, then run
 #
+# After gpu_bench, where python3 can import torch, torch_copies.py times PyTorch's own
+# non_blocking copies of the same sets (GPU_BENCH_TORCH=0 skips it).
 # The binary goes to $GPU_BENCH_DIR (default bench/gpu/build/, ignored by git) with a copy of
 # libcudart.so.13 when one is found here, which the binary uses where the machine has none.
 # Range-v3 headers: /usr/include/range, or RANGE_V3_INCLUDE=dir. See bench/gpu/README.md.
@@ -50,7 +52,23 @@ case "${1:-}" in
         ;;
 esac
 
-echo "gpu_bench built from $(cat "$dir/revision" 2>/dev/null || echo unknown)"
+echo "gpu_bench built from $(cat "$dir/revision" 2>/dev/null || echo unknown), run $(date -u '+%Y-%m-%d %H:%M UTC')"
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
     --format=csv,noheader 2>/dev/null || true
-exec "$bin" "$@"
+"$bin" "$@"
+# PyTorch's non_blocking copies of the same sets, where torch is importable (exit 77: skipped).
+if [ "${GPU_BENCH_TORCH:-1}" != 0 ] && python3 -c 'import torch' 2>/dev/null; then
+    torch_args=()
+    for ((i = 1; i <= $#; i++)); do
+        case "${!i}" in
+            --steps | --set-steps) j=$((i + 1)); torch_args+=("${!i}" "${!j}") ;;
+        esac
+    done
+    set_scale=()
+    for ((i = 1; i <= $#; i++)); do
+        [ "${!i}" = --set-scale ] && j=$((i + 1)) && set_scale=(--set-scale "${!j}")
+    done
+    "$bin" --list-sets "${set_scale[@]}" | python3 "$root/bench/gpu/torch_copies.py" "${torch_args[@]}" || [ $? = 77 ]
+else
+    echo "torch: not importable here (no PyTorch rows)"
+fi

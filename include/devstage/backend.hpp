@@ -160,6 +160,33 @@ concept stream_wait_event = requires(B& b, typename B::Stream s, typename B::Eve
     noexcept->std::same_as<Status>;
 };
 
+/// `cb.batch_copy_limit(s)` noexcept -> std::size_t: the most copies one batch call on stream
+/// `s` takes; 0 when there is none — the runtime loaded lacks the call, or refuses `s` — and the
+/// Stager makes one call per copy.
+template <class B>
+concept batch_copy_limit = requires(const B& cb, typename B::Stream s) {
+    { cb.batch_copy_limit(s) }
+    noexcept->std::same_as<std::size_t>;
+};
+
+/// `b.copy_to_device_batch(device_dsts, host_srcs, sizes, count, s)` noexcept -> Status: enqueues
+/// `count` host-to-device copies on `s` in one call.
+template <class B>
+concept copy_to_device_batch = requires(B& b, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                        std::size_t count, typename B::Stream s) {
+    { b.copy_to_device_batch(dsts, srcs, sizes, count, s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// `b.copy_from_device_batch(host_dsts, device_srcs, sizes, count, s)` noexcept -> Status:
+/// enqueues `count` device-to-host copies on `s` in one call.
+template <class B>
+concept copy_from_device_batch = requires(B& b, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                          std::size_t count, typename B::Stream s) {
+    { b.copy_from_device_batch(dsts, srcs, sizes, count, s) }
+    noexcept->std::same_as<Status>;
+};
+
 }  // namespace backend_requires
 
 /// An accelerator runtime devstage can stage tensors through.
@@ -252,5 +279,17 @@ concept VirtualMemoryBackend = Backend<B> &&
     { b.vmm_unmap(va, n) }
     noexcept->std::same_as<Status>;
 };
+
+/// Optional: copies submitted in batches (cudaMemcpyBatchAsync, aclrtMemcpyBatchAsync). One
+/// call enqueues `count` copies of one direction on a stream: the batch as a whole is in stream
+/// order, the copies inside it in no particular order (their ranges never overlap). Each of
+/// `count` (1 to batch_copy_limit(s)) copies moves `sizes[i]` > 0 bytes from `srcs[i]` to
+/// `dsts[i]`; the arrays are read during the call only. A call that fails may have enqueued
+/// some of the copies: the caller waits for the stream before it reuses their memory. The
+/// Stager batches the direct copies of a run, one call per direction (see docs/staging.md).
+/// `static_assert(devstage::BatchCopyBackend<MyBackend>);`
+template <class B>
+concept BatchCopyBackend = AsyncBackend<B> && backend_requires::batch_copy_limit<B> &&
+    backend_requires::copy_to_device_batch<B> && backend_requires::copy_from_device_batch<B>;
 
 }  // namespace devstage

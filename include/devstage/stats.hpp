@@ -46,9 +46,12 @@ struct StagerStats {
     std::uint64_t ring_bytes = 0;       ///< pinned host memory the ring holds now
     std::uint64_t uploads_skipped = 0;  ///< staged Out args (nothing to upload)
     std::uint64_t copy_backs_skipped = 0;  ///< staged In args, and every staged arg of a failed execution
-    std::uint64_t zeroing_calls = 0;  ///< calls that zeroed Out args (OutputPolicy::zero): memsets, or zero uploads
-    std::uint64_t zeroed_bytes = 0;   ///< device bytes they set to zero (padding between merged slices included)
-    std::uint64_t zero_uploads = 0;   ///< of those calls, uploads of zeros (a backend without a device memset)
+    std::uint64_t zeroing_calls = 0;    ///< calls that zeroed Out args (OutputPolicy::zero): memsets, or zero uploads
+    std::uint64_t zeroed_bytes = 0;     ///< device bytes they set to zero (padding between merged slices included)
+    std::uint64_t zero_uploads = 0;     ///< of those calls, uploads of zeros (a backend without a device memset)
+    std::uint64_t batched_uploads = 0;  ///< of the uploads, batch calls of several copies (BatchCopyBackend)
+    std::uint64_t batched_copy_backs = 0;  ///< of the copy-backs, batch calls of several copies
+    std::uint64_t batched_copies = 0;      ///< copies those batch calls carried, both directions
 };
 
 }  // namespace devstage

@@ -13,6 +13,8 @@
 // complete with the error; aclrtSynchronizeStream / aclrtSynchronizeEvent report it. Waiting
 // on an event inherits its error. Every piece of shared state is guarded by one mutex, and
 // the workers run their tasks holding it, so a free never races a copy.
+// aclrtMemcpyBatchAsync enqueues one copy task per copy of the batch; built with
+// DEVSTAGE_SHIM_NO_BATCH the library lacks it (built so together with DEVSTAGE_SHIM_NO_VMM).
 #include <sys/mman.h>
 #include <algorithm>
 #include <condition_variable>
@@ -123,6 +125,8 @@ aclError fail_code = 0;
 std::string fail_async_function;
 int fail_async_countdown = 0;
 aclError fail_async_code = 0;
+std::size_t fail_batch_at = SIZE_MAX;
+aclError fail_batch_code = 0;
 
 aclError fail(aclError code, std::string message) {
     recent_error = std::move(message);
@@ -326,6 +330,13 @@ void shim_fail_async(const char* function, int n, int code) {
     fail_async_function = function;
     fail_async_countdown = n;
     fail_async_code = code;
+}
+/// The next aclrtMemcpyBatchAsync refuses its copy `index` with `code` (setting failIndex): the
+/// copies before it stay enqueued.
+void shim_fail_batch_at(std::size_t index, int code) {
+    std::lock_guard lock(mutex);
+    fail_batch_at = index;
+    fail_batch_code = code;
 }
 /// Holds (`hold` != 0) or releases a stream's worker: a held stream runs no further task.
 /// Returns -1 for an unknown stream.
@@ -632,6 +643,79 @@ aclError aclrtMemcpyAsync(void* dst, std::size_t dest_max, const void* src, std:
     task.fails_with = injected_async("aclrtMemcpyAsync");
     return enqueue(*stream, std::move(task));
 }
+#ifndef DEVSTAGE_SHIM_NO_BATCH
+// aclrtMemLocation and aclrtMemcpyBatchAttr, as the CANN reference declares them.
+struct ShimMemLocation {
+    uint32_t id;
+    int type;  // ACL_MEM_LOCATION_TYPE_HOST 0, _DEVICE 1
+};
+struct ShimMemcpyBatchAttr {
+    ShimMemLocation dstLoc;
+    ShimMemLocation srcLoc;
+    uint8_t rsv[16];
+};
+static_assert(sizeof(ShimMemcpyBatchAttr) == 32);
+
+// Checks the attributes, then each copy in order as aclrtMemcpyAsync does; the first copy
+// refused stops the batch with its index in *failIndex (the copies before it stay enqueued).
+aclError aclrtMemcpyBatchAsync(void** dsts, std::size_t* destMaxs, void** srcs, std::size_t* sizes,
+                               std::size_t numBatches, ShimMemcpyBatchAttr* attrs, std::size_t* attrsIndexes,
+                               std::size_t numAttrs, std::size_t* failIndex, aclrtStream handle) {
+    std::lock_guard lock(mutex);
+    if (failIndex != nullptr) *failIndex = SIZE_MAX;
+    aclError code;
+    if (injected("aclrtMemcpyBatchAsync", code)) return code;
+    Stream* stream = find_stream(handle);
+    if (aclError e = check_stream(stream, "aclrtMemcpyBatchAsync"); e != ACL_SUCCESS) return e;
+    if (dsts == nullptr || destMaxs == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+        attrsIndexes == nullptr || failIndex == nullptr || numBatches == 0 || numAttrs == 0 || numAttrs > numBatches ||
+        attrsIndexes[0] != 0) {
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync: bad arrays or counts");
+    }
+    for (std::size_t k = 0; k < numAttrs; ++k) {
+        const ShimMemcpyBatchAttr& a = attrs[k];
+        if ((k > 0 && attrsIndexes[k] <= attrsIndexes[k - 1]) || attrsIndexes[k] >= numBatches) {
+            return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync: attrsIndexes out of order");
+        }
+        for (uint8_t r : a.rsv) {
+            if (r != 0) return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync: rsv not zero");
+        }
+        if ((a.dstLoc.type == 1) == (a.srcLoc.type == 1) || a.dstLoc.type > 1 || a.srcLoc.type > 1) {
+            return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync: only host to device or device to host");
+        }
+    }
+    const aclError when_run = injected_async("aclrtMemcpyBatchAsync");
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < numBatches; ++i) {
+        while (k + 1 < numAttrs && attrsIndexes[k + 1] <= i) ++k;
+        const bool to_device = attrs[k].dstLoc.type == 1;
+        const ShimMemLocation& device_loc = to_device ? attrs[k].dstLoc : attrs[k].srcLoc;
+        const auto refuse = [&](aclError e, const std::string& why) {
+            *failIndex = i;
+            return fail(e, "aclrtMemcpyBatchAsync: copy " + std::to_string(i) + ": " + why);
+        };
+        if (i == fail_batch_at) {
+            fail_batch_at = SIZE_MAX;
+            return refuse(fail_batch_code, "injected failure");
+        }
+        if (dsts[i] == nullptr || srcs[i] == nullptr) return refuse(ACL_ERROR_INVALID_PARAM, "null pointer");
+        if (sizes[i] == 0 || sizes[i] > destMaxs[i]) return refuse(ACL_ERROR_RT_PARAM_INVALID, "count exceeds destMax");
+        const std::optional<int> where = find(to_device ? dsts[i] : srcs[i], sizes[i], true);
+        if (!where) return refuse(ACL_ERROR_INVALID_PARAM, "device range is not inside one allocation");
+        if (*where != current->device || device_loc.id != static_cast<uint32_t>(*where)) {
+            return refuse(ACL_ERROR_INVALID_PARAM, "device memory of another device than the stream's or the attr's");
+        }
+        Task task(Task::Kind::copy);
+        task.dst = dsts[i];
+        task.src = srcs[i];
+        task.count = sizes[i];
+        task.to_device = to_device;
+        task.fails_with = when_run;
+        (void)enqueue(*stream, std::move(task));
+    }
+    return ACL_SUCCESS;
+}
+#endif  // DEVSTAGE_SHIM_NO_BATCH
 aclError aclrtMemsetAsync(void* pointer, std::size_t max_count, int32_t value, std::size_t count, aclrtStream handle) {
     std::lock_guard lock(mutex);
     aclError code;

@@ -18,8 +18,14 @@
 // (page-locked), cudaMalloc and mapped memory device, any other address unregistered.
 // Test control: the cuda_shim_* functions.
 //
+// cudaMemcpyBatchAsync copies in order, each copy checked as cudaMemcpyAsync checks it, and
+// refuses the legacy default stream; cudaRuntimeGetVersion answers 13000 and the batch call has
+// the CUDA 13 form.
+//
 // Built with CUDA_SHIM_NO_EVENT_QUERY it lacks cudaEventQuery; with CUDA_SHIM_NO_DRIVER it
-// lacks every driver entry point.
+// lacks every driver entry point; with CUDA_SHIM_NO_BATCH cudaMemcpyBatchAsync and
+// cudaRuntimeGetVersion; with CUDA_SHIM_RUNTIME_12080 it is a 12.8 runtime: cudaRuntimeGetVersion
+// answers 12080 and cudaMemcpyBatchAsync takes failIdx before the stream.
 #include <sys/mman.h>
 #include <cstddef>
 #include <cstdint>
@@ -112,6 +118,8 @@ std::map<CUmemGenericAllocationHandle, Physical> physicals;
 int vmm_supported = 1;
 int not_ready_answers = 0;
 unsigned last_wait_flags = ~0U;
+std::size_t fail_batch_at = SIZE_MAX;
+int fail_batch_code = 0;
 std::string fail_function;
 int fail_countdown = 0;
 int fail_code = 0;
@@ -212,6 +220,13 @@ void cuda_shim_fail(const char* function, int n, int code) {
     fail_function = function;
     fail_countdown = n;
     fail_code = code;
+}
+/// The next cudaMemcpyBatchAsync refuses its copy `index` with `code` (the copies before it are
+/// made).
+void cuda_shim_fail_batch_at(std::size_t index, int code) {
+    std::lock_guard lock(mutex);
+    fail_batch_at = index;
+    fail_batch_code = code;
 }
 /// The next `n` cudaEventQuery calls of recorded events answer cudaErrorNotReady.
 void cuda_shim_event_not_ready(int n) {
@@ -426,6 +441,77 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int k
     if (stream != nullptr && streams.count(stream) == 0) return cudaErrorInvalidResourceHandle;
     return copy(dst, src, count, kind);
 }
+#ifndef CUDA_SHIM_NO_BATCH
+#ifdef CUDA_SHIM_RUNTIME_12080
+constexpr int runtime_version = 12080;
+#else
+constexpr int runtime_version = 13000;
+#endif
+cudaError_t cudaRuntimeGetVersion(int* version) {
+    if (version == nullptr) return cudaErrorInvalidValue;
+    *version = runtime_version;
+    return cudaSuccess;
+}
+// cudaMemLocation and cudaMemcpyAttributes, as driver_types.h declares them.
+struct ShimMemLocation {
+    int type;
+    int id;
+};
+struct ShimMemcpyAttributes {
+    int srcAccessOrder;  // Invalid 0, Stream 1, DuringApiCall 2, Any 3
+    ShimMemLocation srcLocHint;
+    ShimMemLocation dstLocHint;
+    unsigned flags;
+};
+static_assert(sizeof(ShimMemcpyAttributes) == 24);
+
+// The direction of each copy comes from where its pointers lie (device memory on one side).
+static cudaError_t batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                         ShimMemcpyAttributes* attrs, std::size_t* attrsIdxs, std::size_t numAttrs,
+                         std::size_t* failIdx, cudaStream_t stream) {
+    if (failIdx != nullptr) *failIdx = SIZE_MAX;
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaMemcpyBatchAsync", code)) return code;
+    touch();
+    if (stream == nullptr || stream == reinterpret_cast<cudaStream_t>(0x1)) return cudaErrorInvalidValue;
+    if (streams.count(stream) == 0) return cudaErrorInvalidResourceHandle;
+    if (dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr || attrsIdxs == nullptr ||
+        count == 0 || numAttrs == 0 || numAttrs > count || attrsIdxs[0] != 0) {
+        return cudaErrorInvalidValue;
+    }
+    for (std::size_t k = 0; k < numAttrs; ++k) {
+        if ((k > 0 && attrsIdxs[k] <= attrsIdxs[k - 1]) || attrsIdxs[k] >= count) return cudaErrorInvalidValue;
+        if (attrs[k].srcAccessOrder < 1 || attrs[k].srcAccessOrder > 3 || attrs[k].flags > 1) {
+            return cudaErrorInvalidValue;
+        }
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+        const bool to_device = inside(dsts[i], sizes[i], true);
+        cudaError_t copied = i == fail_batch_at ? fail_batch_code : copy(dsts[i], srcs[i], sizes[i], to_device ? 1 : 2);
+        if (i == fail_batch_at) fail_batch_at = SIZE_MAX;
+        if (copied != cudaSuccess) {
+            if (failIdx != nullptr) *failIdx = i;
+            return copied;
+        }
+    }
+    return cudaSuccess;
+}
+#ifdef CUDA_SHIM_RUNTIME_12080
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                 std::size_t count, ShimMemcpyAttributes* attrs, std::size_t* attrsIdxs,
+                                 std::size_t numAttrs, std::size_t* failIdx, cudaStream_t stream) {
+    return batch(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream);
+}
+#else
+cudaError_t cudaMemcpyBatchAsync(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                 std::size_t count, ShimMemcpyAttributes* attrs, std::size_t* attrsIdxs,
+                                 std::size_t numAttrs, cudaStream_t stream) {
+    return batch(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, nullptr, stream);
+}
+#endif
+#endif  // CUDA_SHIM_NO_BATCH
 cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t count, cudaStream_t stream) {
     if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <string>
 #include <string_view>
@@ -71,6 +72,7 @@ public:
             return s;
         }
         backend.probe_vmm();
+        detail::resolve_acl_batch(backend.library_, backend.batch_);
         return backend;
     }
 
@@ -83,6 +85,7 @@ public:
           device_open_(std::exchange(other.device_open_, false)),
           vmm_(other.vmm_),
           granularity_(other.granularity_),
+          batch_(other.batch_),
           events_(std::move(other.events_)) {}
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
@@ -165,6 +168,25 @@ public:
         if (bytes == 0) return {};
         return call("aclrtMemcpyAsync(device to host)", api_.memcpy_async, bytes, host_dst, bytes, device_src, bytes,
                     acl::memcpy_device_to_host, stream.handle);
+    }
+    // ---- batches of copies: aclrtMemcpyBatchAsync (CANN 8.3 and later, experimental) -----------
+    // Resolved only where the library exports it. One aclrtMemcpyBatchAttr covers every copy of
+    // a batch (host and this device as its locations); each copy's destMax is its size.
+
+    /// No bound of devstage's own when the library has aclrtMemcpyBatchAsync; else 0 (the Stager
+    /// then copies one by one).
+    std::size_t batch_copy_limit(Stream /*stream*/) const noexcept {
+        return batch_.memcpy_batch_async != nullptr ? std::numeric_limits<std::size_t>::max() : 0;
+    }
+    /// aclrtMemcpyBatchAsync of `count` host-to-device copies on `stream`.
+    Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs, const std::size_t* sizes,
+                                std::size_t count, Stream stream) noexcept {
+        return batch("aclrtMemcpyBatchAsync(host to device)", device_dsts, host_srcs, sizes, count, true, stream);
+    }
+    /// aclrtMemcpyBatchAsync of `count` device-to-host copies on `stream`.
+    Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs, const std::size_t* sizes,
+                                  std::size_t count, Stream stream) noexcept {
+        return batch("aclrtMemcpyBatchAsync(device to host)", host_dsts, device_srcs, sizes, count, false, stream);
     }
     /// aclrtMemsetAsync(dst, n, value, n, stream); zero bytes are not sent.
     Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
@@ -297,6 +319,33 @@ private:
         granularity_ = granularity;
     }
 
+    // One attribute for all copies: host to device, or device to host. The arrays are only read
+    // (ACL declares them non-const); each copy's destMax is its size.
+    Status batch(const char* what, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                 std::size_t count, bool to_device, Stream stream) noexcept {
+        if (batch_.memcpy_batch_async == nullptr) {
+            return Status(Errc::not_supported, detail::message("ascend ", what, ": ", library_.path(),
+                                                               " has no aclrtMemcpyBatchAsync (CANN 8.3 or later)"));
+        }
+        if (count == 0) return {};
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < count; ++i) bytes += sizes[i];
+        const acl::MemLocation device{static_cast<std::uint32_t>(device_), acl::mem_location_type_device};
+        const acl::MemLocation host{};
+        acl::MemcpyBatchAttr attribute{to_device ? device : host, to_device ? host : device, {}};
+        std::size_t first = 0;  // attrsIndexes: the one attribute applies from copy 0 on
+        std::size_t failed_at = std::numeric_limits<std::size_t>::max();
+        auto* sizes_in = const_cast<std::size_t*>(sizes);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+        Status status = call(what, batch_.memcpy_batch_async, bytes, const_cast<void**>(dsts), sizes_in,
+                             const_cast<void**>(srcs), sizes_in, count, &attribute, &first, std::size_t{1}, &failed_at,
+                             stream.handle);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+        if (!status && failed_at < count) {
+            return Status(status.code(), detail::message(status.message(), " (at copy ", failed_at, " of ", count,
+                                                         "; the copies before it may have been enqueued)"));
+        }
+        return status;
+    }
+
     Status vmm_ready() const noexcept {
         if (granularity_ != 0) return {};
         return Status(Errc::not_supported, detail::message("ascend: virtual memory is not available in ",
@@ -334,6 +383,7 @@ private:
     bool device_open_ = false;
     detail::AclVmmApi vmm_;
     std::size_t granularity_ = 0;
+    detail::AclBatchApi batch_;
     detail::AclEventList events_;
 };
 
@@ -344,5 +394,6 @@ static_assert(AsyncMemsetBackend<AscendBackend>);
 static_assert(SynchronizingBackend<AscendBackend>);
 static_assert(AsyncBackend<AscendBackend>);
 static_assert(VirtualMemoryBackend<AscendBackend>);
+static_assert(BatchCopyBackend<AscendBackend>);
 
 }  // namespace devstage

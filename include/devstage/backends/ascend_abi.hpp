@@ -46,6 +46,22 @@ struct PhysicalMemProp {
 };
 static_assert(sizeof(PhysicalMemProp) == 32);
 inline constexpr int granularity_minimum = 0;
+
+inline constexpr int mem_location_type_host = 0;  // aclrtMemLocationType
+inline constexpr int mem_location_type_device = 1;
+/// aclrtMemLocation.
+struct MemLocation {
+    std::uint32_t id = 0;  // the device id (ignored for the host)
+    int type = mem_location_type_host;
+};
+/// aclrtMemcpyBatchAttr: where the destination and the source of the copies it covers lie.
+struct MemcpyBatchAttr {
+    MemLocation dst_loc;
+    MemLocation src_loc;
+    std::uint8_t rsv[16] = {};  // reserved, 0
+};
+static_assert(sizeof(MemLocation) == 8 && sizeof(MemcpyBatchAttr) == 32);
+static_assert(offsetof(MemcpyBatchAttr, src_loc) == 8 && offsetof(MemcpyBatchAttr, rsv) == 16);
 }  // namespace acl
 
 namespace detail {
@@ -89,6 +105,20 @@ struct AclVmmApi {
     acl::aclError (*unmap)(void*) = nullptr;
     acl::aclError (*granularity)(const acl::PhysicalMemProp*, int, std::size_t*) = nullptr;
 };
+
+// aclrtMemcpyBatchAsync (CANN 8.3 and later, experimental), when the library exports it.
+struct AclBatchApi {
+    acl::aclError (*memcpy_batch_async)(void**, std::size_t*, void**, std::size_t*, std::size_t, acl::MemcpyBatchAttr*,
+                                        std::size_t*, std::size_t, std::size_t*, acl::aclrtStream) = nullptr;
+};
+
+// Resolves aclrtMemcpyBatchAsync; leaves `api` empty when it is missing (never an error).
+inline void resolve_acl_batch(const DynamicLibrary& library, AclBatchApi& api) noexcept {
+    AclBatchApi found;
+    if (resolve_entry_points(library, "ascend", entry_point("aclrtMemcpyBatchAsync", found.memcpy_batch_async)).ok()) {
+        api = found;
+    }
+}
 
 // How ACL calls fail: an aclError, and the thread's aclGetRecentErrMsg (read and cleared).
 struct AclErrors {

@@ -9,6 +9,8 @@
 /// cudrv) and backends/detail/cuda_vmm.hpp (virtual memory through the driver).
 
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,6 +62,7 @@ public:
         backend.library_ = std::move(*library);
         backend.device_ = device_id;
         if (Status resolved = backend.resolve(); !resolved) return resolved;
+        detail::resolve_cuda_batch(backend.library_, backend.batch_);
         int count = 0;
         if (Status s = detail::checked_call(backend.errors_, backend.site(), "cudaGetDeviceCount", 0,
                                             backend.api_.get_device_count, &count);
@@ -80,6 +83,7 @@ public:
         : library_(std::move(other.library_)),
           api_(other.api_),
           errors_(other.errors_),
+          batch_(other.batch_),
           device_(other.device_),
           vmm_(std::move(other.vmm_)) {}
     CudaBackend& operator=(CudaBackend&&) = delete;
@@ -205,6 +209,31 @@ public:
         return call("cudaLaunchHostFunc", api_.launch_host_func, 0, stream.handle, function, user_data);
     }
 
+    // ---- batches of copies: cudaMemcpyBatchAsync (CUDA 12.8 and later) ----------------------
+    // Resolved when the runtime exports it; its form by cudaRuntimeGetVersion (12.8 and 12.9
+    // take a failIdx argument before the stream, 13.0 does not). Every copy of a batch reads its
+    // source in stream order (cudaMemcpySrcAccessOrderStream). The legacy default stream is
+    // refused, as cudaMemcpyBatchAsync refuses it.
+
+    /// No bound of devstage's own when the runtime has cudaMemcpyBatchAsync and `stream` is not
+    /// the legacy default stream; else 0 (the Stager then copies one by one).
+    std::size_t batch_copy_limit(Stream stream) const noexcept {
+        return batch_.present() && !legacy(stream) ? std::numeric_limits<std::size_t>::max() : 0;
+    }
+    /// The runtime version cudaRuntimeGetVersion gave when cudaMemcpyBatchAsync was resolved
+    /// (12080 and up), else 0.
+    int batch_runtime_version() const noexcept { return batch_.runtime_version; }
+    /// cudaMemcpyBatchAsync of `count` host-to-device copies on `stream`.
+    Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs, const std::size_t* sizes,
+                                std::size_t count, Stream stream) noexcept {
+        return batch("cudaMemcpyBatchAsync(host to device)", device_dsts, host_srcs, sizes, count, stream);
+    }
+    /// cudaMemcpyBatchAsync of `count` device-to-host copies on `stream`.
+    Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs, const std::size_t* sizes,
+                                  std::size_t count, Stream stream) noexcept {
+        return batch("cudaMemcpyBatchAsync(device to host)", host_dsts, device_srcs, sizes, count, stream);
+    }
+
     // ---- virtual memory (in-place growth), through the driver API ---------------------------
     // Each call first makes the device's primary context — the runtime's — current with
     // cudaSetDevice. When the driver, an entry point or the device's support is missing,
@@ -246,6 +275,43 @@ private:
         return detail::checked_call(errors_, site(), "cudaSetDevice", 0, api_.set_device, device_);
     }
 
+    // Null, or cudaStreamLegacy ((cudaStream_t)0x1): the legacy default stream.
+    static bool legacy(Stream stream) noexcept {
+        return stream.handle == nullptr || reinterpret_cast<std::uintptr_t>(stream.handle) == 1;
+    }
+
+    // One attribute for every copy: the source is read in stream order.
+    Status batch(const char* what, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                 std::size_t count, Stream stream) noexcept {
+        if (!batch_.present()) {
+            return Status(Errc::not_supported, detail::message("cuda ", what, ": the runtime ", library_.path(),
+                                                               " has no cudaMemcpyBatchAsync (CUDA 12.8 or later)"));
+        }
+        if (legacy(stream)) {
+            return Status(Errc::invalid_argument,
+                          detail::message("cuda ", what, ": a batch of ", count,
+                                          " copies on the legacy default stream, which cudaMemcpyBatchAsync "
+                                          "refuses; use a created stream"));
+        }
+        if (count == 0) return {};
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < count; ++i) bytes += sizes[i];
+        cudart::MemcpyAttributes attributes;
+        std::size_t first = 0;  // attrsIdxs: the one attribute applies from copy 0 on
+        if (batch_.batch13 != nullptr) {
+            return call(what, batch_.batch13, bytes, dsts, srcs, sizes, count, &attributes, &first, std::size_t{1},
+                        stream.handle);
+        }
+        std::size_t failed_at = std::numeric_limits<std::size_t>::max();
+        Status status = call(what, batch_.batch12, bytes, dsts, srcs, sizes, count, &attributes, &first, std::size_t{1},
+                             &failed_at, stream.handle);
+        if (!status && failed_at < count) {
+            return Status(status.code(), detail::message(status.message(), " (at copy ", failed_at, " of ", count,
+                                                         "; the copies before it may have been enqueued)"));
+        }
+        return status;
+    }
+
     template <class F, class... Args>
     Status call(const char* what, F* function, std::size_t bytes, Args... args) noexcept {
         if (Status bound = bind(); !bound) return bound;
@@ -255,6 +321,7 @@ private:
     detail::DynamicLibrary library_;
     detail::CudaRuntimeApi api_;
     detail::CudaRuntimeErrors errors_;
+    detail::CudaBatchApi batch_;
     int device_ = 0;
     detail::CudaVirtualMemory vmm_;
 };
@@ -268,5 +335,6 @@ static_assert(AsyncBackend<CudaBackend>);
 static_assert(HostFunctionBackend<CudaBackend>);
 static_assert(VirtualMemoryBackend<CudaBackend>);
 static_assert(PinnedQueryBackend<CudaBackend>);
+static_assert(BatchCopyBackend<CudaBackend>);
 
 }  // namespace devstage

@@ -39,6 +39,30 @@ inline constexpr int memory_type_host = 1;
 inline constexpr int memory_type_device = 2;
 inline constexpr int memory_type_managed = 3;
 
+inline constexpr int mem_location_type_device = 1;  // enum cudaMemLocationType
+inline constexpr int mem_location_type_host = 2;
+inline constexpr int memcpy_src_access_order_stream = 1;  // enum cudaMemcpySrcAccessOrder
+/// cudaMemcpyBatchAsync came with this runtime version (CUDA 12.8); CUDA 13.0 (13000) dropped
+/// its failIdx argument.
+inline constexpr int batch_runtime_version = 12080;
+inline constexpr int batch_without_fail_index_version = 13000;
+
+/// cudaMemLocation.
+struct MemLocation {
+    int type = 0;
+    int id = 0;
+};
+/// cudaMemcpyAttributes: how the copies of a batch (from its index on) read their source.
+struct MemcpyAttributes {
+    int src_access_order = memcpy_src_access_order_stream;  // enum cudaMemcpySrcAccessOrder
+    MemLocation src_loc_hint;                               // hints, ignored for cudaMalloc and page-locked memory
+    MemLocation dst_loc_hint;
+    unsigned flags = 0;  // cudaMemcpyFlagDefault
+};
+static_assert(sizeof(MemLocation) == 8 && sizeof(MemcpyAttributes) == 24);
+static_assert(offsetof(MemcpyAttributes, src_loc_hint) == 4 && offsetof(MemcpyAttributes, dst_loc_hint) == 12 &&
+              offsetof(MemcpyAttributes, flags) == 20);
+
 /// cudaPointerAttributes as CUDA 13 lays it out. CUDA 12's struct is its first 24 bytes, all
 /// that a CUDA 12 runtime writes.
 struct PointerAttributes {
@@ -128,6 +152,37 @@ struct CudaRuntimeApi {
     cudart::cudaError_t (*launch_host_func)(cudart::cudaStream_t, cudart::cudaHostFn_t, void*) = nullptr;
     cudart::cudaError_t (*pointer_get_attributes)(cudart::PointerAttributes*, const void*) = nullptr;
 };
+
+// cudaMemcpyBatchAsync, when the runtime has it: the CUDA 13 form, or the 12.8/12.9 one with
+// `size_t* failIdx` before the stream; one of the two is set, by cudaRuntimeGetVersion.
+struct CudaBatchApi {
+    using Batch13 = cudart::cudaError_t(void* const*, const void* const*, const std::size_t*, std::size_t,
+                                        cudart::MemcpyAttributes*, std::size_t*, std::size_t, cudart::cudaStream_t);
+    using Batch12 = cudart::cudaError_t(void* const*, const void* const*, const std::size_t*, std::size_t,
+                                        cudart::MemcpyAttributes*, std::size_t*, std::size_t, std::size_t*,
+                                        cudart::cudaStream_t);
+    Batch13* batch13 = nullptr;
+    Batch12* batch12 = nullptr;
+    int runtime_version = 0;
+
+    bool present() const noexcept { return batch13 != nullptr || batch12 != nullptr; }
+};
+
+// Resolves cudaRuntimeGetVersion and cudaMemcpyBatchAsync; leaves `api` empty unless both are
+// there and the version has the batch call. Never an error: the backend copies one by one then.
+inline void resolve_cuda_batch(const DynamicLibrary& library, CudaBatchApi& api) noexcept {
+    cudart::cudaError_t (*get_version)(int*) = nullptr;
+    if (!library.resolve("cudaRuntimeGetVersion", get_version).ok()) return;
+    int version = 0;
+    if (get_version(&version) != cudart::success || version < cudart::batch_runtime_version) return;
+    CudaBatchApi found;
+    found.runtime_version = version;
+    // The one symbol, read as the form of the runtime's version.
+    const Status resolved = version >= cudart::batch_without_fail_index_version
+                                ? library.resolve("cudaMemcpyBatchAsync", found.batch13)
+                                : library.resolve("cudaMemcpyBatchAsync", found.batch12);
+    if (resolved.ok()) api = found;
+}
 
 // How runtime calls fail: a cudaError_t and its cudaGetErrorString.
 struct CudaRuntimeErrors {

@@ -164,6 +164,24 @@ public:
                             stream);
     }
 
+    // ---- batches of copies (BatchCopyBackend) -------------------------------------------
+    /// MockConfig::batch_copy_limit (0: no batches), on every stream.
+    std::size_t batch_copy_limit(Stream /*stream*/) const noexcept { return config_.batch_copy_limit; }
+    /// Enqueues `count` host-to-device copies on `stream`, journaled as one call; each copy is
+    /// checked and run as copy_to_device_async's are. More copies than batch_copy_limit(stream) is
+    /// invalid_argument. See detail::MockStreams::enqueue_batch for how a batch fails.
+    Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs, const std::size_t* sizes,
+                                std::size_t count, Stream stream) noexcept {
+        return enqueue_batch(MockOp::copy_to_device_batch, MockOp::copy_to_device_async, device_dsts, host_srcs, sizes,
+                             count, stream);
+    }
+    /// As copy_to_device_batch, the other way.
+    Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs, const std::size_t* sizes,
+                                  std::size_t count, Stream stream) noexcept {
+        return enqueue_batch(MockOp::copy_from_device_batch, MockOp::copy_from_device_async, host_dsts, device_srcs,
+                             sizes, count, stream);
+    }
+
     Result<Event> create_event() noexcept {
         std::lock_guard lock(mutex_);
         Result<std::uint32_t> id = streams_.create_event();
@@ -228,8 +246,9 @@ public:
         recorder_.fail_calls(op, k, std::numeric_limits<std::uint64_t>::max(), code);
     }
     /// Makes the k-th call of `op` — copy_to_device_async, copy_from_device_async,
-    /// device_memset_async or launch_host_func; other operations ignore it — succeed, then fail with `code` when it
-    /// runs: no byte moves, no function is called. The failure is sticky, as a device's
+    /// device_memset_async, launch_host_func or a batch (every copy of it); other operations
+    /// ignore it — succeed, then fail with `code` when it runs: no byte moves, no function is
+    /// called. The failure is sticky, as a device's
     /// asynchronous errors are: every later recording on that stream — and on streams that wait
     /// for one of them — reports it (synchronize_event, event_ready) until clear_failures();
     /// the next synchronize() reports it once.
@@ -456,6 +475,33 @@ private:
         });
     }
 
+    Status enqueue_batch(MockOp op, MockOp kind, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                         std::size_t count, Stream stream) noexcept {
+        std::unique_lock lock(mutex_);
+        if (count == 0 || count > config_.batch_copy_limit || dsts == nullptr || srcs == nullptr || sizes == nullptr) {
+            (void)recorder_.begin(op);
+            return recorder_.finish(
+                op, nullptr, 0,
+                recorder_.misuse(Errc::invalid_argument,
+                                 detail::message("mock ", to_string(op), ": a batch of ", count,
+                                                 " copies (null arrays, none, or above the limit of ",
+                                                 config_.batch_copy_limit, ")")),
+                stream.id);
+        }
+        const bool to_device = kind == MockOp::copy_to_device_async;
+        auto copy_at = [&](std::size_t i) {
+            const void* device = to_device ? dsts[i] : srcs[i];
+            const void* host = to_device ? srcs[i] : dsts[i];
+            return detail::MockStreams::Copy{dsts[i], srcs[i], sizes[i], device, host};
+        };
+        return streams_.enqueue_batch(
+            lock, op, kind, stream.id, count, copy_at, [&](const detail::MockStreams::Copy& copy) {
+                Status checked = check_copy(kind, copy.device, copy.dst, copy.src, copy.bytes);
+                if (!checked) return checked;
+                return engine_.host_hazard(kind, stream.id, copy.host, copy.bytes);
+            });
+    }
+
     MockConfig config_;
     mutable std::mutex mutex_;
     Blocks device_;
@@ -474,5 +520,6 @@ static_assert(SynchronizingBackend<MockBackend>);
 static_assert(AsyncBackend<MockBackend>);
 static_assert(HostFunctionBackend<MockBackend>);
 static_assert(AsyncMemsetBackend<MockBackend>);
+static_assert(BatchCopyBackend<MockBackend>);
 
 }  // namespace devstage

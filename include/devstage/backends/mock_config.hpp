@@ -28,6 +28,9 @@ struct MockConfig {
     /// With deferred_async: event_ready answers "not ready" this many times per recording,
     /// then runs what the recording depends on and answers ready.
     std::uint32_t not_ready_polls = 2;
+    /// What batch_copy_limit() answers: the most copies a copy_*_batch call takes. 0 (the
+    /// default): no batches, as a runtime without the batch call; a Stager then copies one by one.
+    std::size_t batch_copy_limit = 0;
 
     static MockConfig adversarial() noexcept { return MockConfig{.offset = 64}; }
 };

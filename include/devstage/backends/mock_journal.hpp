@@ -35,21 +35,25 @@ enum class MockOp : std::uint8_t {
     stream_wait_event,
     launch_host_func,
     device_memset_async,
+    copy_to_device_batch,
+    copy_from_device_batch,
 };
-inline constexpr std::size_t mock_op_count = 20;
+inline constexpr std::size_t mock_op_count = 22;
 
 constexpr std::string_view to_string(MockOp op) noexcept {
     constexpr std::array<std::string_view, mock_op_count> names{
-        "device_malloc",     "device_free",       "copy_to_device",       "copy_from_device",
-        "pinned_malloc",     "pinned_free",       "device_memset",        "synchronize",
-        "create_stream",     "destroy_stream",    "copy_to_device_async", "copy_from_device_async",
-        "create_event",      "destroy_event",     "record_event",         "event_ready",
-        "synchronize_event", "stream_wait_event", "launch_host_func",     "device_memset_async"};
+        "device_malloc",        "device_free",           "copy_to_device",       "copy_from_device",
+        "pinned_malloc",        "pinned_free",           "device_memset",        "synchronize",
+        "create_stream",        "destroy_stream",        "copy_to_device_async", "copy_from_device_async",
+        "create_event",         "destroy_event",         "record_event",         "event_ready",
+        "synchronize_event",    "stream_wait_event",     "launch_host_func",     "device_memset_async",
+        "copy_to_device_batch", "copy_from_device_batch"};
     return names[static_cast<std::size_t>(op)];
 }
 
 /// One journaled call: what, on which pointer (the result, for allocations; the device side,
-/// for copies; the user data, for host functions), how many bytes, how it ended, and the
+/// for copies, of the first copy for a batch; the user data, for host functions), how many
+/// bytes (a batch: all its copies), how it ended, and the
 /// stream and event it named (0: none).
 struct MockCall {
     MockOp op;

@@ -146,6 +146,22 @@ public:
         return copy_async(host_dst, device_src, bytes, host_dst, device_src, stream, "copy_from_device_async");
     }
 
+    /// SimConfig::batch_copy_limit (0: no batches), on every stream.
+    std::size_t batch_copy_limit(Stream /*stream*/) const noexcept { return config_.batch_copy_limit; }
+    /// Enqueues `count` host-to-device copies on `stream` in one call: each is checked and run
+    /// as copy_to_device_async's are, and the link model charges one per-call latency for the
+    /// batch (the first copy's). A copy that fails its check stops the batch: the ones before it
+    /// stay enqueued. The call returns once its pageable copies ran.
+    Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs, const std::size_t* sizes,
+                                std::size_t count, Stream stream) noexcept {
+        return copy_batch(device_dsts, host_srcs, sizes, count, true, stream, "copy_to_device_batch");
+    }
+    /// As copy_to_device_batch, the other way.
+    Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs, const std::size_t* sizes,
+                                  std::size_t count, Stream stream) noexcept {
+        return copy_batch(host_dsts, device_srcs, sizes, count, false, stream, "copy_from_device_batch");
+    }
+
     /// Enqueues setting `bytes` of device memory to `value` on `stream`. Counted in
     /// SimStats::memsets; the link model adds one call's latency (to_device_pinned), no bytes.
     Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept {
@@ -326,15 +342,16 @@ private:
         return {};
     }
 
-    // mutex_ held. Counts a copy that will happen, and its modeled cost.
-    void account(bool to_device, bool pinned, std::size_t bytes) noexcept {
+    // mutex_ held. Counts a copy that will happen, and its modeled cost (without the per-call
+    // latency for a batch's copies after its first).
+    void account(bool to_device, bool pinned, std::size_t bytes, bool call = true) noexcept {
         ++(to_device ? stats_.copies_to_device : stats_.copies_from_device);
         (to_device ? stats_.bytes_to_device : stats_.bytes_from_device) += bytes;
         (pinned ? stats_.direct_bytes : stats_.bounced_bytes) += bytes;
         const SimLinkModel& link = config_.link;
         const SimLinkCost& cost = to_device ? (pinned ? link.to_device_pinned : link.to_device_pageable)
                                             : (pinned ? link.from_device_pinned : link.from_device_pageable);
-        add_modeled(cost.nanoseconds(bytes));
+        add_modeled(call ? cost.nanoseconds(bytes) : cost.nanoseconds(bytes) - cost.latency_ns);
     }
     void add_modeled(std::uint64_t ns) noexcept {
         stats_.modeled_ns = ns > std::numeric_limits<std::uint64_t>::max() - stats_.modeled_ns
@@ -398,6 +415,56 @@ private:
         return {};
     }
 
+    Status copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                      bool to_device, Stream stream, std::string_view what) noexcept {
+        if (on_worker()) return refuse(what);
+        std::unique_lock lock(mutex_);
+        std::unique_lock queue = streams_.lock();
+        detail::SimStreams::Worker* worker = streams_.find_stream(stream.id);
+        if (worker == nullptr) return streams_.unknown_stream(what, stream.id);
+        if (count == 0 || count > config_.batch_copy_limit || dsts == nullptr || srcs == nullptr || sizes == nullptr) {
+            return fail(Errc::invalid_argument, detail::message("sim ", what, ": a batch of ", count,
+                                                                " copies (null arrays, none, or above the limit of ",
+                                                                config_.batch_copy_limit, ")"));
+        }
+        ++stats_.batches;
+        std::shared_ptr<detail::SimStreams::Marker> last_pageable;
+        Status status;
+        bool first = true;
+        for (std::size_t i = 0; i < count; ++i) {
+            const std::size_t bytes = sizes[i];
+            if (bytes == 0) continue;
+            const void* host = to_device ? srcs[i] : dsts[i];
+            const void* device = to_device ? dsts[i] : srcs[i];
+            if (Status checked = check_copy(host, device, bytes, what); !checked) {
+                status = Status(checked.code(), detail::message(checked.message(), " (copy ", i, " of ", count, ")"));
+                break;
+            }
+            const bool pinned = memory_.pinned_contains(host, bytes);
+            if (!pinned) {
+                if (status = ensure_bounce(what); !status) break;
+            }
+            std::shared_ptr<detail::SimStreams::Marker> ran;
+            if (!streams_.enqueue_copy(*worker, dsts[i], srcs[i], bytes, !pinned, ran)) {
+                status = fail(Errc::out_of_memory,
+                              detail::message("sim ", what, ": host memory exhausted enqueueing ", bytes, " bytes"));
+                break;
+            }
+            account(to_device, pinned, bytes, first);
+            first = false;
+            ++(to_device ? stats_.async_copies_to_device : stats_.async_copies_from_device);
+            if (!pinned) {
+                ++stats_.pageable_async_copies;
+                last_pageable = std::move(ran);
+            }
+        }
+        if (last_pageable) {
+            lock.unlock();
+            streams_.wait(queue, *last_pageable);  // in order: the earlier ones ran too
+        }
+        return status;
+    }
+
     // Lock order: mutex_, then the streams' queue lock; a worker takes only the queue lock, and
     // runs its tasks with no lock held.
     SimConfig config_;
@@ -410,6 +477,7 @@ private:
 };
 
 static_assert(Backend<SimBackend>);
+static_assert(BatchCopyBackend<SimBackend>);
 static_assert(PinnedHostBackend<SimBackend>);
 static_assert(MemsetBackend<SimBackend>);
 static_assert(SynchronizingBackend<SimBackend>);

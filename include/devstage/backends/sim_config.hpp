@@ -17,6 +17,9 @@ struct SimConfig {
     std::size_t bounce_buffer_bytes = std::size_t{2} << 20;  ///< chunk size of pageable copies
     bool lock_pinned = true;  ///< mlock pinned allocations (refusal is tolerated and reported)
     SimLinkModel link{};      ///< the modeled cost of each copy, summed in SimStats::modeled_ns
+    /// What batch_copy_limit() answers: the most copies one copy_*_batch call takes. 0 (the
+    /// default): no batches, and a Stager copies one by one.
+    std::size_t batch_copy_limit = 0;
 };
 
 /// Counters of a SimBackend since construction.
@@ -39,6 +42,8 @@ struct SimStats {
     /// Copies enqueued on a stream, each way (also counted in copies_to/from_device).
     std::uint64_t async_copies_to_device = 0, async_copies_from_device = 0;
     std::uint64_t pageable_async_copies = 0;  ///< async copies of pageable memory: the host blocked
+    /// Batch calls (copy_to/from_device_batch); their copies are counted as async copies.
+    std::uint64_t batches = 0;
     std::uint64_t live_streams = 0, live_events = 0;
     std::uint64_t events_recorded = 0, stream_waits = 0, event_synchronizes = 0, host_functions = 0;
 };

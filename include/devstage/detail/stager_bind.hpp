@@ -307,6 +307,7 @@ Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, c
     typename Moves::CopyBacks backs;
     if (execution.ok() && first.ok()) backs = moves().copy_back(slot, stream, first);
     stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
+    if constexpr (BatchCopyBackend<Async>) stats_.copy_backs_skipped -= backs.batched;
     if constexpr (pack_limit > 0) {
         if (backs.packed > 0) {
             if (Status back = moves().packed_copy_back(slot, stream, backs); !back && first.ok()) first = back;

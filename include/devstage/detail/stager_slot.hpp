@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
+#include "devstage/detail/batch_copies.hpp"
 #include "devstage/detail/message.hpp"
 #include "devstage/detail/run_order.hpp"
 #include "devstage/detail/slot_fence.hpp"
 #include "devstage/detail/stager_messages.hpp"
+#include "devstage/detail/storage.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
@@ -80,22 +82,6 @@ inline bool inside(const void* pointer, const std::byte* begin, std::size_t byte
     return begin != nullptr && std::less_equal<>()(begin, at) && std::less<>()(at, begin + bytes);
 }
 
-/// Grows `storage` to at least `count` elements; out_of_memory instead of a throw.
-template <class T>
-Status grow_storage(std::vector<T>& storage, std::size_t count) noexcept {
-    if (storage.size() >= count) return {};
-#if defined(__cpp_exceptions)
-    try {
-        storage.resize(count);
-    } catch (const std::bad_alloc&) {
-        return Status(Errc::out_of_memory, message("stager: host memory for ", count, " args could not be allocated"));
-    }
-#else
-    storage.resize(count);
-#endif
-    return {};
-}
-
 template <class Strategy, class Async>
 struct StagerSlot;
 
@@ -122,6 +108,7 @@ bool make_slots(std::vector<Slot>& slots, std::size_t count, Strategy strategy) 
 template <class Strategy, class Async>
 struct StagerSlot {
     using Stream = typename Async::Stream;
+    using Batch = BatchCopies<Async>;
     static constexpr std::size_t all_packed_limit = std::numeric_limits<std::size_t>::max();
 
     explicit StagerSlot(Strategy s) : strategy(std::move(s)) {}
@@ -129,9 +116,10 @@ struct StagerSlot {
     Strategy strategy;
     std::vector<TensorLease> lease_storage;  // only grows; the first lease_count are the run's
     std::size_t lease_count = 0;
-    std::size_t staged = 0;              // leases of staged args (the others are Device args)
-    std::vector<TensorArg> device_args;  // only grows
-    StagingLayout layout;                // of the bound (or last finished) run
+    std::size_t staged = 0;                          // leases of staged args (the others are Device args)
+    std::vector<TensorArg> device_args;              // only grows
+    [[no_unique_address]] BatchCopies<Async> batch;  // a run's direct copies, for a BatchCopyBackend
+    StagingLayout layout;                            // of the bound (or last finished) run
     StagedRun* handle = nullptr;
     SlotFence<Async> fence;
     std::vector<void*> deferred;                         // device frees waiting for the fence
@@ -175,6 +163,9 @@ struct StagerSlot {
 
     Status size_for(std::size_t count) noexcept {
         if (Status leases = grow_storage(lease_storage, count); !leases) return leases;
+        if constexpr (BatchCopies<Async>::enabled) {
+            if (Status batched = batch.size_for(count); !batched) return batched;
+        }
         return grow_storage(device_args, count);
     }
 
@@ -278,11 +269,12 @@ struct StagerSlot {
         std::vector<TensorLease>().swap(lease_storage);
         std::vector<TensorArg>().swap(device_args);
         std::vector<void*>().swap(deferred);
+        batch.drop();
     }
 
     std::size_t bookkeeping_bytes() const noexcept {
         return lease_storage.capacity() * sizeof(TensorLease) + device_args.capacity() * sizeof(TensorArg) +
-               deferred.capacity() * sizeof(void*) + carried_touches.capacity() * sizeof(Touched);
+               deferred.capacity() * sizeof(void*) + carried_touches.capacity() * sizeof(Touched) + batch.bytes();
     }
 };
 

@@ -41,6 +41,7 @@ public:
     static constexpr std::size_t pack_limit = pack_limit_of<Strategy>();
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
     static constexpr bool immediate = is_immediate_v<Async>;
+    static constexpr bool batches = BatchCopyBackend<Async>;
     /// No ring: a threshold no arg reaches.
     static constexpr std::size_t no_ring = std::numeric_limits<std::size_t>::max();
 
@@ -127,6 +128,8 @@ public:
         std::size_t count = 0, external = 0;
         std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0, host_copied = 0;
         Status status;
+        [[maybe_unused]] const std::size_t batching = batch_limit(stream);
+        if constexpr (batches) slot.batch.clear();
         for (std::size_t index = 0; index < args.size(); ++index) {
             const TensorArg& arg = args[index];
             TensorArg& device_arg = device_args[index];
@@ -188,6 +191,12 @@ public:
                 ++calls;
                 continue;
             }
+            if constexpr (batches) {
+                if (batching > 0) {
+                    slot.batch.add(lease.device, arg.data, arg.bytes);
+                    continue;
+                }
+            }
             if (Status copied = async_.copy_to_device_async(lease.device, arg.data, arg.bytes, stream); !copied) {
                 status = copy_failure(message("bind: upload of arg ", index), arg.bytes, copied, backend_.name());
                 break;
@@ -198,6 +207,15 @@ public:
         }
         slot.lease_count = count;
         slot.staged = count - external;
+        if constexpr (batches) {
+            if (status.ok()) {
+                typename Slot::Batch::Submitted done;
+                status =
+                    slot.batch.template submit<true>(async_, batching, stream, stats_, done, enqueued, "bind: upload");
+                uploaded += done.bytes;
+                calls += done.calls;
+            }
+        }
         if (status.ok() && slot.layout.upload_end > 0) {
             const std::size_t bytes = slot.layout.upload_end;  // one copy: every packed In/InOut byte
             if (Status copied = async_.copy_to_device_async(base, mirror, bytes, stream); !copied) {
@@ -222,6 +240,7 @@ public:
     // by packed_copy_back). The first failure goes to `first`; the others still run.
     struct CopyBacks {
         std::uint64_t calls = 0, failed = 0, packed = 0, bytes = 0;
+        std::uint64_t batched = 0;  // copies carried in batch calls beyond one per call
     };
     CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
         return ring_from_ == no_ring ? copy_back<false>(slot, stream, first) : copy_back<true>(slot, stream, first);
@@ -260,6 +279,10 @@ public:
 private:
     template <bool Ring>
     Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
+        if constexpr (batches) {
+            if (const std::size_t limit = batch_limit(stream); limit > 0)
+                return batched_upload<Ring>(slot, stream, enqueued, limit);
+        }
         std::uint64_t uploaded = 0, calls = 0;
         Status status;
         const std::size_t ring_from = ring_from_;
@@ -288,6 +311,10 @@ private:
 
     template <bool Ring>
     CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
+        if constexpr (batches) {
+            if (const std::size_t limit = batch_limit(stream); limit > 0)
+                return batched_copy_back<Ring>(slot, stream, first, limit);
+        }
         CopyBacks backs;
         const std::size_t ring_from = ring_from_;
         for (const TensorLease& lease : slot.leases()) {
@@ -313,6 +340,80 @@ private:
         }
         return backs;
     }
+    // As upload<Ring>, with the direct copies in batches (limit copies a call).
+    template <bool Ring>
+    Status batched_upload(Slot& slot, Stream stream, bool& enqueued, std::size_t limit) noexcept {
+        slot.batch.clear();
+        std::uint64_t args = 0, calls = 0;
+        Status status;
+        for (const TensorLease& lease : slot.leases()) {
+            if (!lease.upload) continue;
+            ++args;
+            if (Ring && lease.bytes >= ring_from_ && through_ring(lease)) [[unlikely]] {
+                status = ring_upload(lease, stream, enqueued);
+                if (!status) break;
+                ++calls;
+                continue;
+            }
+            slot.batch.add(lease.device, lease.host, lease.bytes);
+        }
+        typename Slot::Batch::Submitted done;
+        if (status.ok()) {
+            status = slot.batch.template submit<true>(async_, limit, stream, stats_, done, enqueued, "bind: upload");
+        }
+        if (status.ok()) stats_.uploads_skipped += slot.staged - args;
+        stats_.bytes_to_device += done.bytes;
+        stats_.uploads += calls + done.calls;
+        if constexpr (!immediate) stats_.async_uploads += calls + done.calls;
+        return status;
+    }
+
+    // As copy_back<Ring>, with the direct copies in batches. A batch that fails counts its
+    // copies as failed.
+    template <bool Ring>
+    CopyBacks batched_copy_back(Slot& slot, Stream stream, Status& first, std::size_t limit) noexcept {
+        CopyBacks backs;
+        slot.batch.clear();
+        for (const TensorLease& lease : slot.leases()) {
+            if (!lease.copy_back) continue;
+            if (slot.packed(lease)) {
+                ++backs.packed;
+                continue;
+            }
+            if (Ring && lease.bytes >= ring_from_ && through_ring(lease)) [[unlikely]] {
+                if (Status back = ring_copy_back(lease, stream); !back) {
+                    failed(backs, first, std::move(back));
+                    continue;
+                }
+                ++backs.calls;
+                continue;
+            }
+            slot.batch.add(lease.host, lease.device, lease.bytes);
+        }
+        typename Slot::Batch::Submitted done;
+        bool enqueued = false;
+        Status back =
+            slot.batch.template submit<false>(async_, limit, stream, stats_, done, enqueued, "finish: copy back");
+        backs.calls += done.calls;
+        backs.batched += done.copies - done.calls;
+        backs.bytes += done.bytes;
+        if (!back) {
+            backs.failed += slot.batch.count - done.copies - 1;
+            failed(backs, first, std::move(back));
+        }
+        return backs;
+    }
+
+    // The copies of a call go in batches when the backend takes them now (at least two a call).
+    std::size_t batch_limit([[maybe_unused]] Stream stream) const noexcept {
+        if constexpr (batches) {
+            const std::size_t limit = async_.batch_copy_limit(stream);
+            return limit >= 2 ? limit : 0;
+        } else {
+            return 0;
+        }
+    }
+
     [[gnu::cold]] static void failed(CopyBacks& backs, Status& first, Status failure) noexcept {
         ++backs.failed;
         if (first.ok()) first = std::move(failure);

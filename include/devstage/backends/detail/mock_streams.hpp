@@ -97,21 +97,52 @@ public:
             return recorder_.finish(op, copy.device, copy.bytes, std::move(checked), stream);
         }
         std::uint64_t seq = 0;
-        if (!without_bad_alloc([&] {
-                seq = engine_.push(*target, Pending{.op = op,
-                                                    .dst = copy.dst,
-                                                    .src = copy.src,
-                                                    .bytes = copy.bytes,
-                                                    .device = copy.device,
-                                                    .host = copy.host,
-                                                    .value = copy.value,
-                                                    .recording = {},
-                                                    .failure = recorder_.failure_when_run(op, call, stream)});
-            })) {
+        if (!push_copy(*target, op, copy, recorder_.failure_when_run(op, call, stream), seq)) {
             return recorder_.finish(op, copy.device, copy.bytes, host_exhausted(op), stream);
         }
         (void)recorder_.finish(op, copy.device, copy.bytes, {}, stream);
         return engine_.settle(lock, stream, seq);
+    }
+
+    /// A batch of `count` copies, journaled as one call of `op` (the first copy's device side,
+    /// the bytes of all): each copy, `copy_at(i)`, is checked by `check(copy)` and enqueued in
+    /// order as an asynchronous copy of `kind`. The first copy that fails its check stops the
+    /// batch: the copies before it stay enqueued and the error names its index. An injected
+    /// failure of the call (fail_call) lets the first half of the copies through first; one of
+    /// fail_when_run makes every copy of the batch fail when it runs.
+    template <class CopyAt, class Check>
+    Status enqueue_batch(std::unique_lock<std::mutex>& lock, MockOp op, MockOp kind, std::uint32_t stream,
+                         std::size_t count, CopyAt&& copy_at, Check&& check) noexcept {
+        std::size_t bytes = 0;
+        for (std::size_t i = 0; i < count; ++i) bytes += copy_at(i).bytes;
+        const void* first = count > 0 ? copy_at(0).device : nullptr;
+        Status refused = begin(op);
+        const std::uint64_t call = recorder_.calls(op);
+        MockEngine::StreamState* target = engine_.find_stream(stream);
+        if (target == nullptr) {
+            return recorder_.finish(op, first, bytes, refused ? unknown_stream(op, stream) : refused, stream);
+        }
+        const std::size_t through = refused ? count : count / 2;
+        std::uint64_t seq = 0;
+        Status status;
+        for (std::size_t i = 0; i < through; ++i) {
+            const Copy copy = copy_at(i);
+            if (copy.bytes == 0) continue;
+            if (Status checked = check(copy); !checked) {
+                status =
+                    Status(checked.code(), message(checked.message(), " (copy ", i, " of a batch of ", count, ")"));
+                break;
+            }
+            if (!push_copy(*target, kind, copy, recorder_.failure_when_run(op, call, stream), seq)) {
+                status = host_exhausted(op);
+                break;
+            }
+        }
+        if (!refused)
+            status = Status(refused.code(), message(refused.message(), " after copy ", through, " of ", count));
+        (void)recorder_.finish(op, first, bytes, status, stream);
+        if (seq != 0) (void)engine_.settle(lock, stream, seq);
+        return status;
     }
 
     Result<std::uint32_t> create_event() noexcept {
@@ -282,6 +313,22 @@ private:
         target = engine_.find_stream(stream);
         if (target == nullptr) return unknown_stream(op, stream);
         return {};
+    }
+    // Enqueues `copy` as an operation `op` on `target`, failing with `failure` when it runs; false
+    // when host memory ran out.
+    bool push_copy(MockEngine::StreamState& target, MockOp op, const Copy& copy, Status failure,
+                   std::uint64_t& seq) noexcept {
+        return without_bad_alloc([&] {
+            seq = engine_.push(target, Pending{.op = op,
+                                               .dst = copy.dst,
+                                               .src = copy.src,
+                                               .bytes = copy.bytes,
+                                               .device = copy.device,
+                                               .host = copy.host,
+                                               .value = copy.value,
+                                               .recording = {},
+                                               .failure = std::move(failure)});
+        });
     }
     Status unknown_stream(MockOp op, std::uint32_t id) noexcept {
         return recorder_.misuse(Errc::invalid_argument, message("mock ", to_string(op), ": unknown stream ", id));
