@@ -357,101 +357,10 @@ private:
     using Blocks = detail::AddressMap<void*>;  // info: the block to std::free
     using Side = detail::MockEngine::Side;
 
-    Result<void*> allocate(MockOp op, Blocks& blocks, std::size_t bytes) noexcept {
-        std::lock_guard lock(mutex_);
-        if (Status injected = recorder_.begin(op); !injected) {
-            return recorder_.finish(op, nullptr, bytes, std::move(injected));
-        }
-        if (bytes == 0) {
-            return recorder_.finish(op, nullptr, 0,
-                                    recorder_.misuse(Errc::invalid_argument,
-                                                     detail::message("mock ", to_string(op), ": 0 bytes requested")));
-        }
-        if (op == MockOp::device_malloc && bytes > config_.device_capacity - device_bytes_) {
-            return recorder_.finish(
-                op, nullptr, bytes,
-                Status(Errc::out_of_memory,
-                       detail::message("mock device_malloc: ", bytes, " bytes requested, ", device_bytes_, " of ",
-                                       config_.device_capacity, " bytes in use")));
-        }
-        constexpr std::size_t block_alignment = 4096;
-        const auto with_offset = detail::add(bytes, config_.offset);
-        const auto over = with_offset ? detail::add(*with_offset, block_alignment) : std::nullopt;
-        if (!over) {
-            return recorder_.finish(
-                op, nullptr, bytes,
-                Status(Errc::out_of_memory, detail::message("mock ", to_string(op), ": ", bytes,
-                                                            " bytes requested exceed the address space")));
-        }
-        const std::size_t padded = *over / block_alignment * block_alignment;
-        void* block = std::aligned_alloc(block_alignment, padded);
-        if (block == nullptr) {
-            return recorder_.finish(
-                op, nullptr, bytes,
-                Status(Errc::out_of_memory,
-                       detail::message("mock ", to_string(op), ": host allocation of ", padded, " bytes failed")));
-        }
-        std::memset(block, 0xA5, padded);  // stale-looking bytes, never zeros
-        void* pointer = static_cast<std::byte*>(block) + config_.offset;
-        if (!detail::without_bad_alloc([&] { blocks.insert(pointer, bytes, block); })) {
-            std::free(block);
-            return recorder_.finish(
-                op, nullptr, bytes,
-                Status(Errc::out_of_memory,
-                       detail::message("mock ", to_string(op), ": host memory exhausted recording ", bytes, " bytes")));
-        }
-        freed_.erase(pointer);
-        if (op == MockOp::device_malloc) device_bytes_ += bytes;
-        (void)recorder_.finish(op, pointer, bytes, {});
-        return pointer;
-    }
-
-    Status deallocate(MockOp op, Blocks& blocks, void* pointer) noexcept {
-        std::lock_guard lock(mutex_);
-        if (Status injected = recorder_.begin(op); !injected) {
-            return recorder_.finish(op, pointer, 0, std::move(injected));
-        }
-        if (const auto* live = blocks.at(pointer); live != nullptr) {
-            const Side side = op == MockOp::device_free ? Side::device : Side::host;
-            if (Status clear = engine_.used_by_pending(op, pointer, live->bytes, side); !clear) {
-                return recorder_.finish(op, pointer, live->bytes, std::move(clear));
-            }
-        }
-        const auto entry = blocks.erase(pointer);
-        if (!entry) {
-            const bool twice = freed_.count(pointer) != 0;
-            return recorder_.finish(
-                op, pointer, 0,
-                recorder_.misuse(Errc::unknown_pointer, detail::message("mock ", to_string(op), ": ",
-                                                                        twice ? "double free of " : "unknown pointer ",
-                                                                        static_cast<const void*>(pointer))));
-        }
-        std::free(entry->info);
-        // Without room to remember the pointer, a later double free reads as an unknown pointer.
-        (void)detail::without_bad_alloc([&] { freed_.insert(pointer); });
-        if (op == MockOp::device_free) device_bytes_ -= entry->bytes;
-        return recorder_.finish(op, pointer, entry->bytes, {});
-    }
-
-    Status transfer(MockOp op, const void* device, void* dst, const void* src, std::size_t bytes) noexcept {
-        std::lock_guard lock(mutex_);
-        if (Status injected = recorder_.begin(op); !injected) {
-            return recorder_.finish(op, device, bytes, std::move(injected));
-        }
-        if (bytes == 0) return recorder_.finish(op, device, 0, {});
-        if (Status checked = check_copy(op, device, dst, src, bytes); !checked) {
-            return recorder_.finish(op, device, bytes, std::move(checked));
-        }
-        if (Status clear = engine_.not_pending(op, device, bytes, Side::device); !clear) {
-            return recorder_.finish(op, device, bytes, std::move(clear));
-        }
-        const void* host = op == MockOp::copy_to_device ? src : dst;
-        if (Status clear = engine_.host_hazard(op, std::nullopt, host, bytes); !clear) {
-            return recorder_.finish(op, device, bytes, std::move(clear));
-        }
-        std::memcpy(dst, src, bytes);
-        return recorder_.finish(op, device, bytes, {});
-    }
+    // Allocation, free and synchronous copy, checked and journaled (backends/detail/mock_memory.hpp).
+    Result<void*> allocate(MockOp op, Blocks& blocks, std::size_t bytes) noexcept;
+    Status deallocate(MockOp op, Blocks& blocks, void* pointer) noexcept;
+    Status transfer(MockOp op, const void* device, void* dst, const void* src, std::size_t bytes) noexcept;
 
     Status check_copy(MockOp op, const void* device, const void* dst, const void* src, std::size_t bytes) noexcept {
         if (!device_.contains(device, bytes)) {
@@ -523,3 +432,5 @@ static_assert(AsyncMemsetBackend<MockBackend>);
 static_assert(BatchCopyBackend<MockBackend>);
 
 }  // namespace devstage
+
+#include "devstage/backends/detail/mock_memory.hpp"  // IWYU pragma: export

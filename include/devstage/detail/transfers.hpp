@@ -419,48 +419,10 @@ private:
         if (first.ok()) first = std::move(failure);
     }
 
-    // True when a large lease's host memory is pageable (see Stager::set_pageable_ring).
-    bool through_ring(const TensorLease& lease) const noexcept {
-        if (lease.host_memory == HostMemory::pinned) return false;
-        if (lease.host_memory == HostMemory::pageable) return true;
-        if constexpr (PinnedQueryBackend<B>) {
-            return !backend_.is_pinned(lease.host);
-        } else {
-            return true;
-        }
-    }
-
-    Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept {
-        if constexpr (PinnedHostBackend<B>) {
-            Status status = ring_->upload(backend_, async_, lease.device, lease.host, lease.bytes, stream, stats_);
-            enqueued = true;
-            if (!status) {
-                return copy_failure("bind: upload through the pageable ring", lease.bytes, status, backend_.name());
-            }
-            ++stats_.ring_uploads;
-            stats_.bytes_to_device += lease.bytes;
-            return status;
-        } else {
-            (void)lease, (void)stream, (void)enqueued;
-            return {};
-        }
-    }
-
-    Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept {
-        if constexpr (PinnedHostBackend<B>) {
-            Status status = ring_->download(backend_, async_, lease.host, lease.device, lease.bytes, stream, stats_);
-            if (!status) {
-                return copy_failure("finish: copy back through the pageable ring", lease.bytes, status,
-                                    backend_.name());
-            }
-            ++stats_.ring_copy_backs;
-            stats_.bytes_from_device += lease.bytes;
-            return status;
-        } else {
-            (void)lease, (void)stream;
-            return {};
-        }
-    }
+    // The pageable ring's part (detail/transfers_ring.hpp).
+    bool through_ring(const TensorLease& lease) const noexcept;
+    Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept;
+    Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept;
 
     B& backend_;
     Async& async_;
@@ -470,3 +432,5 @@ private:
 };
 
 }  // namespace devstage::detail
+
+#include "devstage/detail/transfers_ring.hpp"  // IWYU pragma: export
