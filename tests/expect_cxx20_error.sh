@@ -1,7 +1,7 @@
 #!/bin/sh
 # Usage: expect_cxx20_error.sh HEADER... -- COMPILER [FLAGS...]
-# Passes when each HEADER, compiled as C++17, fails and the first error says that devstage
-# needs C++20.
+# Passes when each HEADER, compiled as C++17, fails with exactly one error, the one saying that
+# devstage needs C++20.
 headers=
 while [ "$1" != "--" ]; do headers="$headers $1"; shift; done
 shift
@@ -11,10 +11,12 @@ for header in $headers; do
     if [ $? -eq 0 ]; then
         echo "FAIL: $header compiled as C++17"; status=1; continue
     fi
-    first=$(printf '%s\n' "$out" | grep -m1 'error')
-    case "$first" in
-        *"devstage needs C++20"*) echo "ok: $header: $first" ;;
-        *) printf '%s\n' "$out" | head -20; echo "FAIL: $header: the first error does not say that devstage needs C++20"; status=1 ;;
+    errors=$(printf '%s\n' "$out" | grep -c ': error')
+    first=$(printf '%s\n' "$out" | grep -m1 ': error')
+    case "$errors:$first" in
+        "1:"*"devstage needs C++20"*) echo "ok: $header: $first" ;;
+        *) printf '%s\n' "$out" | head -20
+           echo "FAIL: $header: $errors error lines; expected one, saying that devstage needs C++20"; status=1 ;;
     esac
 done
 exit $status

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The ordering rules of runs in flight (detail/run_order.hpp) on their own, then through a
+// The ordering rules of runs in flight (detail/schedule/run_order.hpp) on their own, then through a
 // Stager on the deferred mock (work runs only when the host waits, in an adversarial order):
 // shared host memory ends as the runs one at a time would leave it, a frame's slot is not
 // taken while its Completion lives, and what the misuse fixes promise.
@@ -14,8 +14,8 @@
 
 #include "async_support.hpp"
 #include "devstage/backends/mock.hpp"
-#include "devstage/detail/run_order.hpp"
-#include "devstage/detail/stager_slot.hpp"
+#include "devstage/detail/schedule/run_order.hpp"
+#include "devstage/detail/stager/slot.hpp"
 #include "devstage/devstage.hpp"
 
 using namespace devstage;

@@ -6,6 +6,9 @@
 /// operation is its own named concept so a type that misses one is rejected with a diagnostic
 /// naming that operation.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -293,3 +296,5 @@ concept BatchCopyBackend = AsyncBackend<B> && backend_requires::batch_copy_limit
     backend_requires::copy_to_device_batch<B> && backend_requires::copy_from_device_batch<B>;
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// Completion: the end of a stream-ordered run. Its copy-backs write the caller's memory
 /// asynchronously, so the outputs are valid once wait() returned ok (or ready() answered true).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -204,3 +207,5 @@ inline void CompletionOwner::resolve_all(const Status& result) noexcept {
 
 }  // namespace detail
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -3,6 +3,9 @@
 /// \file
 /// Umbrella header: every public devstage facility (backends are included separately).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
 #include "devstage/frame.hpp"
@@ -24,3 +27,5 @@
 #include "devstage/strategy/retained_vmm.hpp"
 #include "devstage/stream.hpp"
 #include "devstage/tensor.hpp"
+
+#endif  // DEVSTAGE_CXX20

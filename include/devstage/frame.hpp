@@ -5,6 +5,9 @@
 /// one pipeline slot laid out for the given shapes; the caller writes its inputs there and
 /// binds the frame, which then uploads every In/InOut byte with one copy and no host memcpy.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -62,3 +65,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

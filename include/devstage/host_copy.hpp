@@ -5,6 +5,9 @@
 /// calling thread. Started once (never per copy); a pool of 0 threads copies on the caller.
 /// The pageable ring of a Stager fills its pinned chunks with it.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -149,3 +152,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

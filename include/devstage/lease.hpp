@@ -3,6 +3,9 @@
 /// \file
 /// TensorLease: who owns the device memory behind one staged tensor, and how to release it.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 
@@ -46,3 +49,5 @@ Status release(B& backend, TensorLease& lease) noexcept {
 }
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// OutputPolicy: what a Stager does with the device bytes of a run's Out args before the
 /// run's kernels can see them (re-exported by stager.hpp).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstdint>
 
 namespace devstage {
@@ -19,3 +22,5 @@ enum class OutputPolicy : std::uint8_t {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -6,13 +6,16 @@
 /// drains the previous one; an event per chunk guards its reuse. Copy-backs go the same way in
 /// reverse. `stager.set_pageable_ring(PageableRing{.threshold = 8 << 20, .threads = 8});`
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/host_copy.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
@@ -286,3 +289,5 @@ private:
 
 }  // namespace detail
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

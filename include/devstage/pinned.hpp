@@ -8,8 +8,13 @@
 /// cache.hpp (DirectPinned, CachingPinned), core.hpp (PinnedStats, the shared core),
 /// buffer.hpp, pool.hpp, allocator.hpp.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include "devstage/pinned/allocator.hpp"
 #include "devstage/pinned/buffer.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/core.hpp"
 #include "devstage/pinned/pool.hpp"
+
+#endif  // DEVSTAGE_CXX20

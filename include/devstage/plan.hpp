@@ -6,6 +6,9 @@
 /// treated (`detail::check_arg`) and the one layout rule (`detail::PlanPass`) live here; the
 /// Stager's staging pass uses the same two, so plan and staging can never disagree.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -17,7 +20,7 @@
 
 #include <range/v3/view/enumerate.hpp>
 
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 #include "devstage/tensor.hpp"
 
@@ -264,3 +267,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// StagedRun: a live run of a Stager — the device view of its args and the leases that back
 /// them, from bind until finish.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -98,3 +101,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

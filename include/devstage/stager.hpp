@@ -7,6 +7,9 @@
 /// one path: a synchronous backend is seen through SynchronousAdapter, whose stream is
 /// immediate.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -26,12 +29,12 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/slot_fence.hpp"
-#include "devstage/detail/stager_messages.hpp"
-#include "devstage/detail/stager_slot.hpp"
-#include "devstage/detail/transfers.hpp"
-#include "devstage/detail/zero_outputs.hpp"
+#include "devstage/detail/schedule/slot_fence.hpp"
+#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/stager/slot.hpp"
+#include "devstage/detail/transfer/transfers.hpp"
+#include "devstage/detail/transfer/zero_outputs.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/output_policy.hpp"
@@ -355,7 +358,7 @@ private:
     }
     static Status settle_for_queue(void* context) noexcept;
 
-    // ---- host hazards between runs in flight (the rules: detail/run_order.hpp) -------------
+    // ---- host hazards between runs in flight (the rules: detail/schedule/run_order.hpp) -------------
     Status order_after_in_flight(std::size_t index, std::span<const TensorArg> args, Stream stream,
                                  bool frame) noexcept;
     Status order_after(std::size_t index, std::size_t other, const detail::Conflict& conflict,
@@ -391,7 +394,7 @@ private:
         return slot_of(completion);
     }
 
-    // ---- slot choice (detail/stager_order.hpp) ------------------------------------------------
+    // ---- slot choice (detail/stager/order.hpp) ------------------------------------------------
     std::optional<std::size_t> free_slot(std::span<const TensorArg> args) noexcept;
     SlotChoice pick_slot(std::span<const TensorArg> args) noexcept;
     SlotChoice chosen_slot(std::size_t index, std::span<const TensorArg> args) noexcept;
@@ -440,6 +443,8 @@ private:
 
 }  // namespace devstage
 
-#include "devstage/detail/stager_bind.hpp"    // IWYU pragma: export
-#include "devstage/detail/stager_order.hpp"   // IWYU pragma: export
-#include "devstage/detail/stager_settle.hpp"  // IWYU pragma: export
+#include "devstage/detail/stager/bind.hpp"    // IWYU pragma: export
+#include "devstage/detail/stager/order.hpp"   // IWYU pragma: export
+#include "devstage/detail/stager/settle.hpp"  // IWYU pragma: export
+
+#endif  // DEVSTAGE_CXX20

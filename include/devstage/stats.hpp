@@ -4,6 +4,9 @@
 /// StagerStats: the counters a Stager keeps (re-exported by stager.hpp). Every backend call a
 /// stager or its strategy makes is counted here.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 
@@ -55,3 +58,5 @@ struct StagerStats {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

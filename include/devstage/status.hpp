@@ -4,10 +4,8 @@
 /// Error reporting for devstage: Errc, Status and Result<T>. Nothing in devstage throws;
 /// every fallible call returns one of these.
 
-// devstage needs C++20: say so in one line, before the errors an older standard causes further on.
-#if __cplusplus < 202002L
-#error "devstage needs C++20: compile with -std=c++20 or later (g++ 12, clang++ 14)"
-#endif
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
 
 #include <cstdint>
 #include <cstdio>
@@ -219,3 +217,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -5,6 +5,9 @@
 /// every enqueued copy has completed when the call returns, every event is ready. The Stager
 /// runs synchronous backends through it, so there is one staging path, not two.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
@@ -79,3 +82,5 @@ template <class A>
 inline constexpr bool is_immediate_v = std::is_same_v<typename A::Stream, ImmediateStream>;
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

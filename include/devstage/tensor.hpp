@@ -3,6 +3,9 @@
 /// \file
 /// TensorArg: one argument of a run, as the caller describes it.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 
@@ -66,3 +69,5 @@ constexpr bool copies_back(Direction direction) noexcept {
 }
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

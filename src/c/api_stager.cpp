@@ -8,7 +8,7 @@
 
 #include "any_stager.hpp"
 #include "devstage/c/devstage.h"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "handles.hpp"
 
 using namespace devstage::capi;  // the entry points' helpers

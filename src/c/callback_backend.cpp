@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "any_backend.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/zero_outputs.hpp"
+#include "devstage/detail/transfer/zero_outputs.hpp"
+#include "devstage/detail/util/message.hpp"
 
 namespace devstage::capi {
 namespace {

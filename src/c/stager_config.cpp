@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "any_stager.hpp"
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 
 namespace devstage::capi {
 

@@ -8,6 +8,9 @@
 /// The header to include; its parts: ascend_abi.hpp (the C ABI subset it declares: acl) and
 /// backends/detail/acl_events.hpp (its event records).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -20,9 +23,9 @@
 #include "devstage/backend.hpp"
 #include "devstage/backends/ascend_abi.hpp"
 #include "devstage/backends/detail/acl_events.hpp"
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/runtime_call.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/backends/detail/runtime_call.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -397,3 +400,5 @@ static_assert(VirtualMemoryBackend<AscendBackend>);
 static_assert(BatchCopyBackend<AscendBackend>);
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -6,12 +6,15 @@
 /// the struct it passes; and, private, the tables of entry points the backend fills when it
 /// loads the library, and how ACL calls fail.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/runtime_call.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/backends/detail/runtime_call.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -168,3 +171,5 @@ inline Status resolve_acl_vmm(const DynamicLibrary& library, AclVmmApi& vmm) noe
 
 }  // namespace detail
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -8,6 +8,9 @@
 /// The header to include; its parts: cuda_abi.hpp (the C ABI subset it declares: cudart,
 /// cudrv) and backends/detail/cuda_vmm.hpp (virtual memory through the driver).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -18,9 +21,9 @@
 #include "devstage/backend.hpp"
 #include "devstage/backends/cuda_abi.hpp"
 #include "devstage/backends/detail/cuda_vmm.hpp"
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/runtime_call.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/backends/detail/runtime_call.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -338,3 +341,5 @@ static_assert(PinnedQueryBackend<CudaBackend>);
 static_assert(BatchCopyBackend<CudaBackend>);
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

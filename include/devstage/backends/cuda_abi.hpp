@@ -8,11 +8,14 @@
 /// each library's calls fail. The tests check the declarations against cuda.h where it is
 /// installed.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <string_view>
 
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/runtime_call.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/backends/detail/runtime_call.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -275,3 +278,5 @@ inline Status resolve_cuda_driver(const DynamicLibrary& library, CudaDriverApi& 
 
 }  // namespace detail
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -12,6 +12,9 @@
 /// backends/detail/ the call ledger (counts, journal, fault injection) and the streams with
 /// their deferred-execution engine.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -26,14 +29,14 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/detail/mock_engine.hpp"
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/detail/mock_streams.hpp"
 #include "devstage/backends/mock_config.hpp"
 #include "devstage/backends/mock_journal.hpp"
-#include "devstage/detail/address_map.hpp"
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -434,3 +437,5 @@ static_assert(BatchCopyBackend<MockBackend>);
 }  // namespace devstage
 
 #include "devstage/backends/detail/mock_memory.hpp"  // IWYU pragma: export
+
+#endif  // DEVSTAGE_CXX20

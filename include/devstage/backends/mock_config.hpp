@@ -4,6 +4,9 @@
 /// MockConfig: the construction options of MockBackend (backends/mock.hpp, which includes
 /// this header).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -36,3 +39,5 @@ struct MockConfig {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// What a MockBackend journals and counts: its operations (MockOp, with their names) and one
 /// journaled call (MockCall). `for (const MockCall& call : mock.journal()) log(to_string(call.op));`
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -65,3 +68,5 @@ struct MockCall {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -12,6 +12,9 @@
 /// (SimLinkCost, SimLinkModel), and in backends/detail/ the memory, virtual memory, bounce
 /// buffer and streams it is built from.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +33,7 @@
 #include "devstage/backends/detail/sim_vmm.hpp"
 #include "devstage/backends/sim_config.hpp"
 #include "devstage/backends/sim_link.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -418,3 +421,5 @@ static_assert(PinnedQueryBackend<SimBackend>);
 }  // namespace devstage
 
 #include "devstage/backends/detail/sim_async_copies.hpp"  // IWYU pragma: export
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// What a SimBackend is built with (SimConfig) and what it counts (SimStats). Every part of the
 /// sim — its memory, its streams, its copies — counts into the one SimStats the backend returns.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 
@@ -49,3 +52,5 @@ struct SimStats {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

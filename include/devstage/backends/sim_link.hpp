@@ -5,6 +5,9 @@
 /// the sim sleeps; every copy adds its modeled cost to SimStats::modeled_ns instead, so the
 /// number of copies a staging scheme makes shows without a device.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -76,3 +79,5 @@ struct SimLinkModel {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

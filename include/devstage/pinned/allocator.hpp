@@ -5,6 +5,9 @@
 /// PinnedMemoryResource (a std::pmr::memory_resource), so containers fill pinned memory
 /// directly.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <memory>
 #include <memory_resource>
@@ -76,3 +79,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -3,6 +3,9 @@
 /// \file
 /// PinnedBuffer: pinned host memory held from a PinnedHostPool, given back when destroyed.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -11,7 +14,7 @@
 #include <utility>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/align.hpp"
+#include "devstage/detail/util/align.hpp"
 #include "devstage/pinned/core.hpp"
 
 namespace devstage {
@@ -86,3 +89,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

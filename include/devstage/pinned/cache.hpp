@@ -4,10 +4,13 @@
 /// Cache policies of a PinnedHostPool: DirectPinned (no cache) and CachingPinned (released
 /// blocks kept by size class and reused).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <bit>
 #include <cstddef>
 
-#include "devstage/detail/align.hpp"
+#include "devstage/detail/util/align.hpp"
 
 namespace devstage {
 
@@ -35,3 +38,5 @@ struct CachingPinned {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

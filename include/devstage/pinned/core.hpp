@@ -13,6 +13,9 @@
 /// (state.hpp), the recorded work and the events (events.hpp), the registry (registry.hpp), the
 /// cached and retiring blocks (block_cache.hpp).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -22,7 +25,7 @@
 #include <utility>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/align.hpp"
+#include "devstage/detail/util/align.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/detail/block_cache.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
@@ -304,3 +307,5 @@ private:
 };
 
 }  // namespace devstage::detail
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// PinnedHostPool: page-locked host memory from a backend, thread-safe and cached, handed out
 /// as PinnedBuffers or raw pointers.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <memory>
 #include <utility>
@@ -111,3 +114,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,6 +4,9 @@
 /// PinnedStats: the counters of a PinnedHostPool (live, cached, pending and retiring blocks,
 /// backend calls, finalized and detached allocations, host waits, events).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstdint>
 
 namespace devstage {
@@ -45,3 +48,5 @@ struct PinnedStats {
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

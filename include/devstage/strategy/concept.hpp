@@ -6,6 +6,9 @@
 /// the Requirement a strategy must meet before a run, and the FreeQueue through which it gives
 /// back device memory that pending stream work may still touch.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -14,7 +17,7 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -197,3 +200,5 @@ template <class S, class B>
 concept RetainedStrategy = StagingStrategy<S, B> && S::lease_kind == ReleaseKind::BufferNoop;
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -6,11 +6,14 @@
 /// `Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept`
 /// returning a value >= required (or an error that fails the run before any backend call).
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <concepts>
 #include <cstddef>
 
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -95,3 +98,5 @@ static_assert(GrowthPolicy<GranularGrowth<4096>>);
 static_assert(GrowthPolicy<CappedGrowth<>>);
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

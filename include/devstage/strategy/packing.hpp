@@ -5,13 +5,16 @@
 /// (args of at most Limit bytes gathered in a pinned host mirror and moved with one copy each
 /// way), and the mirror itself.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 
@@ -154,3 +157,5 @@ private:
 
 }  // namespace detail
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -4,10 +4,13 @@
 /// PerTensorMalloc: one device allocation per staged tensor per run, freed when the run ends.
 /// The reference the retained strategies must equal, byte for byte.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/device_alloc.hpp"
+#include "devstage/detail/strategy/device_alloc.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -60,3 +63,5 @@ public:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

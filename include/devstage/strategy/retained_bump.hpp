@@ -6,15 +6,18 @@
 /// device allocation at all. With PackSmall, a pinned host mirror of the buffer lets a run's
 /// small args move with one copy each way.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/device_alloc.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/slice.hpp"
+#include "devstage/detail/strategy/device_alloc.hpp"
+#include "devstage/detail/strategy/slice.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -280,3 +283,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -6,6 +6,9 @@
 /// never changes, nothing is freed or copied on growth, and a grow that fails leaves the
 /// buffer already mapped intact. Needs a VirtualMemoryBackend.
 
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -13,9 +16,9 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/slice.hpp"
+#include "devstage/detail/strategy/slice.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
@@ -201,3 +204,5 @@ private:
 };
 
 }  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "devstage/backends/cuda_abi.hpp"
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/runtime_call.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/backends/detail/runtime_call.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

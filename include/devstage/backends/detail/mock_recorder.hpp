@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/mock_journal.hpp"
-#include "devstage/detail/address_map.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

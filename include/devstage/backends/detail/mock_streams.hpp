@@ -17,11 +17,11 @@
 #include <utility>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/detail/mock_engine.hpp"
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/mock_journal.hpp"
-#include "devstage/detail/address_map.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

@@ -24,10 +24,10 @@
 #include <utility>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/detail/sim_bounce.hpp"
 #include "devstage/backends/sim_config.hpp"
-#include "devstage/detail/address_map.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

@@ -15,9 +15,9 @@
 #include <string>
 #include <utility>
 
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/sim_config.hpp"
-#include "devstage/detail/address_map.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 
 namespace devstage::detail {
 

@@ -15,9 +15,9 @@
 #include <type_traits>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/stager_messages.hpp"
-#include "devstage/detail/stager_slot.hpp"
+#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/stager/slot.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/pageable.hpp"
 #include "devstage/plan.hpp"
@@ -419,7 +419,7 @@ private:
         if (first.ok()) first = std::move(failure);
     }
 
-    // The pageable ring's part (detail/transfers_ring.hpp).
+    // The pageable ring's part (detail/transfer/ring.hpp).
     bool through_ring(const TensorLease& lease) const noexcept;
     Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept;
     Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept;
@@ -433,4 +433,4 @@ private:
 
 }  // namespace devstage::detail
 
-#include "devstage/detail/transfers_ring.hpp"  // IWYU pragma: export
+#include "devstage/detail/transfer/ring.hpp"  // IWYU pragma: export

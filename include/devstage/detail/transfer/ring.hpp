@@ -3,7 +3,7 @@
 // Private: the pageable ring's part in a Transfers pass — which large leases go through the
 // ring, and their chunked upload and copy-back (included by transfers.hpp).
 
-#include "devstage/detail/transfers.hpp"
+#include "devstage/detail/transfer/transfers.hpp"
 
 namespace devstage::detail {
 

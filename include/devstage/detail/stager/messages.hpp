@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/status.hpp"
 #include "devstage/tensor.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

@@ -7,8 +7,8 @@
 #include <string_view>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/status.hpp"

@@ -6,7 +6,7 @@
 #include <new>
 #include <vector>
 
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

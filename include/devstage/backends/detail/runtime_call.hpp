@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "devstage/detail/dynamic_library.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/backends/detail/dynamic_library.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

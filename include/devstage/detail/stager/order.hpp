@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Private: the ordering rules of detail/run_order.hpp applied by a Stager — which slot a bind
+// Private: the ordering rules of detail/schedule/run_order.hpp applied by a Stager — which slot a bind
 // or frame takes, and what a new run needs against the runs in flight whose host memory it
 // shares (a stream wait, a settle on the host first, a settle order, or a refusal).
 // Included at the end of devstage/stager.hpp; not for inclusion on its own.

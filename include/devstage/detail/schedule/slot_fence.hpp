@@ -12,7 +12,7 @@
 // device (SynchronizingBackend) and synchronize() succeeds: then nothing of the slot still runs.
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 #include "devstage/stream.hpp"

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/stager_messages.hpp"
-#include "devstage/detail/storage.hpp"
+#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/util/message.hpp"
+#include "devstage/detail/util/storage.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/batch_copies.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/run_order.hpp"
-#include "devstage/detail/slot_fence.hpp"
-#include "devstage/detail/stager_messages.hpp"
-#include "devstage/detail/storage.hpp"
+#include "devstage/detail/schedule/run_order.hpp"
+#include "devstage/detail/schedule/slot_fence.hpp"
+#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/transfer/batch_copies.hpp"
+#include "devstage/detail/util/message.hpp"
+#include "devstage/detail/util/storage.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"

@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/align.hpp"
-#include "devstage/detail/message.hpp"
+#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 

@@ -11,9 +11,9 @@
 #include <cstring>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/message.hpp"
-#include "devstage/detail/stager_messages.hpp"
-#include "devstage/detail/stager_slot.hpp"
+#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/stager/slot.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
