@@ -1,27 +1,55 @@
 # SPDX-License-Identifier: Apache-2.0
 """devstage from Python, over its C interface (libdevstage_c) through ctypes: stage a run's
-tensors on an accelerator, and generate inputs straight into pinned memory that NumPy and
-PyTorch view without a copy.
+tensors on an accelerator, hand the kernel the staged memory as tensors (DLPack), and generate
+inputs straight into pinned memory that NumPy and PyTorch view without a copy.
 
     import devstage, torch
-    backend = devstage.Backend.simulator()
-    pool = devstage.PinnedPool(backend)
-    hidden = pool.allocate((16, 5120), "bfloat16")
-    torch.from_dlpack(hidden).normal_()                # written in place, in pinned memory
-    stager = devstage.Stager(backend, pack_limit=16384)
-    run = stager.bind([devstage.In(hidden)])            # run.device_args: the kernel's pointers
-    stager.finish(run)
+    gpu = devstage.cuda(0)                              # or devstage.sim(), devstage.ascend(0)
+    stager = devstage.Stager(gpu, pack_limit=16384, pipeline_slots=2)
+    stream = torch.cuda.current_stream()
+    run = stager.bind([devstage.In(tokens), devstage.Out(logits)], stream=stream)
+    ids = torch.from_dlpack(run.device_args[0])         # the staged memory, shape and dtype kept
+    model(ids, out=torch.from_dlpack(run.device_args[1]))
+    del ids
+    done = stager.finish(run, stream=stream)
+    done.wait()                                         # logits now holds the output
 
 See docs/python.md.
 """
-from .backend import Backend, Stream
+from .args import IN, IN_OUT, OUT, Arg, Device, In, InOut, Out, TensorShape
+from .backend import Backend, Event, Stream
 from .errors import (BackendFailure, Busy, Error, InvalidArgument, Leaked, LibraryNotFound, NotSupported,
                      OutOfMemory, UnknownPointer)
-from .pinned import PinnedBuffer, PinnedPool
-from .staging import Arg, Completion, Device, In, InOut, Out, Run, Stager
+from .frames import Frame, HostView
+from .pinned import Pinned, PinnedBuffer, PinnedPool
+from .staging import Completion, DeviceTensor, Run, Stager
+
+__version__ = "0.1.0"
+
+
+def sim(device_capacity=0):
+    """The simulator (Backend.simulator)."""
+    return Backend.simulator(device_capacity)
+
+
+def cuda(device=0, library_path=None):
+    """CUDA device `device` (Backend.cuda)."""
+    return Backend.cuda(device, library_path)
+
+
+def ascend(device=0, library_path=None):
+    """Ascend device `device` (Backend.ascend)."""
+    return Backend.ascend(device, library_path)
+
+
+def callbacks(**callbacks_and_options):
+    """A backend over a runtime's callbacks (Backend.from_callbacks)."""
+    return Backend.from_callbacks(**callbacks_and_options)
+
 
 __all__ = [
-    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "Error", "In", "InOut", "InvalidArgument",
-    "Leaked", "LibraryNotFound", "NotSupported", "Out", "OutOfMemory", "PinnedBuffer", "PinnedPool", "Run", "Stager",
-    "Stream", "UnknownPointer",
+    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame", "HostView",
+    "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Leaked", "LibraryNotFound", "NotSupported", "OUT", "Out",
+    "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run", "Stager", "Stream", "TensorShape", "UnknownPointer",
+    "ascend", "callbacks", "cuda", "sim",
 ]

@@ -1,16 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DLPack export through ctypes: a DLManagedTensor (the legacy, unversioned layout every
-DLPack consumer reads) in a PyCapsule named "dltensor".
+"""DLPack through ctypes, both ways.
 
-The consumer renames the capsule "used_dltensor" once it owns the tensor and calls the
-tensor's deleter when it is done with it; a capsule never consumed calls the deleter itself
-when it is destroyed. Until the deleter runs, the exported tensor keeps its owner (the buffer)
-alive.
+Export: a DLManagedTensor (the legacy, unversioned layout every DLPack consumer reads) in a
+PyCapsule named "dltensor". The consumer renames the capsule "used_dltensor" once it owns the
+tensor and calls the tensor's deleter when it is done with it; a capsule never consumed calls
+the deleter itself when it is destroyed. Until the deleter runs, the exported tensor keeps its
+owner alive, and the owner is told when it runs.
+
+Import: the capsule of another library's __dlpack__(): its device, data, shape, strides and
+dtype, taken over (renamed "used_dltensor") and given back through its deleter when devstage is
+done with the memory.
 """
 import ctypes
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
 
-CPU = 1  # kDLCPU: host memory the CPU reads and writes, page-locked or not
+# DLDeviceType values devstage uses.
+CPU = 1       # kDLCPU: host memory the CPU reads and writes, page-locked or not (the simulator's
+              # device memory is host memory too)
+CUDA = 2      # kDLCUDA: CUDA device memory
+CUDA_HOST = 3  # kDLCUDAHost: page-locked host memory of CUDA
+EXT_DEV = 12  # kDLExtDev: what PyTorch exports and imports for a PrivateUse1 device, torch_npu's "npu"
 
 
 class DLDevice(Structure):
@@ -35,14 +44,18 @@ class DLManagedTensor(Structure):
 
 
 _UNUSED = b"dltensor"
+_USED = b"used_dltensor"
 
-# Exported tensors not yet given back: the DLManagedTensor's address -> what it keeps alive.
+# Exported tensors not yet given back: the DLManagedTensor's address -> (what it keeps alive,
+# the callback to run when it is given back).
 _live = {}
 
 
 @_DELETER
 def _delete(address):
-    _live.pop(address, None)
+    entry = _live.pop(address, None)
+    if entry is not None and entry[-1] is not None:
+        entry[-1]()
 
 
 # The capsule destructor gets the capsule as a plain address: no reference is taken to an
@@ -52,25 +65,31 @@ _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [c_void_p, c_char_p, _CAPSULE_DESTRUCTOR]
 _api.PyCapsule_IsValid.restype = c_int
-_api.PyCapsule_IsValid.argtypes = [c_void_p, c_char_p]
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, c_char_p]
 _api.PyCapsule_GetPointer.restype = c_void_p
-_api.PyCapsule_GetPointer.argtypes = [c_void_p, c_char_p]
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_SetName.restype = c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, c_char_p]
+_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_is_valid_raw = CFUNCTYPE(c_int, c_void_p, c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_get_pointer_raw = CFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 @_CAPSULE_DESTRUCTOR
 def _destroy_capsule(capsule):
-    if _api.PyCapsule_IsValid(capsule, _UNUSED):  # never consumed: the tensor is still ours
-        _delete(_api.PyCapsule_GetPointer(capsule, _UNUSED))
+    if _is_valid_raw(capsule, _UNUSED):  # never consumed: the tensor is still ours
+        _delete(_get_pointer_raw(capsule, _UNUSED))
 
 
-def capsule(owner, address, shape, code, bits):
-    """A "dltensor" capsule of the C-contiguous tensor of `shape` at `address` (host memory),
-    elements of DLPack type (code, bits); it keeps `owner` alive until the consumer is done."""
+def capsule(owner, address, shape, code, bits, device=(CPU, 0), on_release=None):
+    """A "dltensor" capsule of the C-contiguous tensor of `shape` at `address` on `device`
+    (DLDeviceType, id), elements of DLPack type (code, bits); it keeps `owner` alive until the
+    consumer is done, then calls `on_release()` (if given)."""
     managed = DLManagedTensor()
     dims = (c_int64 * max(len(shape), 1))(*shape)
     tensor = managed.dl_tensor
     tensor.data = address
-    tensor.device = DLDevice(CPU, 0)
+    tensor.device = DLDevice(*device)
     tensor.ndim = len(shape)
     tensor.dtype = DLDataType(code, bits, 1)
     tensor.shape = ctypes.cast(dims, POINTER(c_int64))
@@ -79,10 +98,56 @@ def capsule(owner, address, shape, code, bits):
     managed.manager_ctx = None
     managed.deleter = _delete
     key = ctypes.addressof(managed)
-    _live[key] = (managed, dims, owner)
+    _live[key] = (managed, dims, owner, on_release)
     return _api.PyCapsule_New(key, _UNUSED, _destroy_capsule)
 
 
 def exported():
     """How many exported tensors are not yet given back (for tests)."""
     return len(_live)
+
+
+class Imported:
+    """The tensor of another library's DLPack capsule, taken over: `device` (type, id), `data`
+    (the address of its first element), `shape`, `strides` (in elements; None when compact),
+    `dtype` ((code, bits, lanes)), `nbytes`. close() (or destruction) gives it back to its
+    producer."""
+
+    def __init__(self, capsule):
+        if not _is_valid(capsule, _UNUSED):
+            raise ValueError("devstage: __dlpack__() did not return an unused \"dltensor\" capsule")
+        address = _api.PyCapsule_GetPointer(capsule, _UNUSED)
+        managed = DLManagedTensor.from_address(address)
+        tensor = managed.dl_tensor
+        self.device = (tensor.device.device_type, tensor.device.device_id)
+        self.shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+        self.strides = tuple(tensor.strides[i] for i in range(tensor.ndim)) if tensor.strides else None
+        self.dtype = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
+        self.data = (tensor.data or 0) + tensor.byte_offset
+        count = 1
+        for extent in self.shape:
+            count *= extent
+        self.nbytes = count * tensor.dtype.bits * tensor.dtype.lanes // 8
+        _api.PyCapsule_SetName(capsule, _USED)  # ours now: the capsule's destructor leaves it alone
+        self._managed = address
+
+    def compact(self):
+        """True when the elements are laid out C-contiguously (strides absent or row-major)."""
+        if self.strides is None:
+            return True
+        expected = 1
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != expected:
+                return False
+            expected *= extent
+        return True
+
+    def close(self):
+        address, self._managed = self._managed, None
+        if address:
+            managed = DLManagedTensor.from_address(address)
+            if managed.deleter:
+                managed.deleter(address)
+
+    def __del__(self):
+        self.close()

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The C interface of libdevstage_c (include/devstage/c/devstage.h) through ctypes.
 
-The library is loaded from $DEVSTAGE_C_LIBRARY when set, else by the names the loader finds
-(libdevstage_c.so.0, then libdevstage_c.so). The structures below mirror the header's, field
-for field; C enums are ints.
+Where the library is loaded from, first found first: $DEVSTAGE_C_LIBRARY; the library inside this
+package (a wheel, pip install); the library directory of a Meson install (./dev install, meson
+install), recorded in _install.py at install time; then the names the dynamic loader finds
+(libdevstage_c.so.0, libdevstage_c.so). The structures below mirror the header's, field for
+field; C enums are ints.
 """
 import ctypes
 import ctypes.util
@@ -23,6 +25,11 @@ RECORD = CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p)
 READY = CFUNCTYPE(c_int, c_void_p, c_void_p, POINTER(c_int))
 MEMSET = CFUNCTYPE(c_int, c_void_p, c_void_p, c_int, c_size_t)
 MEMSET_ASYNC = CFUNCTYPE(c_int, c_void_p, c_void_p, c_int, c_size_t, c_void_p)
+HOST_FUNCTION = CFUNCTYPE(None, c_void_p)
+LAUNCH = CFUNCTYPE(c_int, c_void_p, c_void_p, HOST_FUNCTION, c_void_p)
+REGISTER = CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+UNREGISTER = CFUNCTYPE(c_int, c_void_p, c_void_p)
+SYNCHRONIZE = CFUNCTYPE(c_int, c_void_p)
 ERROR_SINK = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 
@@ -38,6 +45,9 @@ class Callbacks(Structure):
         ("record_event", RECORD), ("event_ready", READY),
         ("synchronize_event", DESTROY), ("stream_wait_event", RECORD),
         ("device_memset", MEMSET), ("device_memset_async", MEMSET_ASYNC),
+        ("synchronize", SYNCHRONIZE),
+        ("launch_host_function", LAUNCH),
+        ("host_register", REGISTER), ("host_unregister", UNREGISTER),
     ]
 
 
@@ -58,6 +68,10 @@ class TensorArg(Structure):
     _fields_ = [("data", c_void_p), ("bytes", c_size_t), ("direction", c_int), ("placement", c_int)]
 
 
+class TensorShape(Structure):
+    _fields_ = [("bytes", c_size_t), ("direction", c_int), ("device", c_void_p)]
+
+
 STAGER_STATS_FIELDS = (
     "runs", "regrows", "grow_failures", "grows_allocate_first", "grows_free_first",
     "grows_exact_fallback", "alignment_retries", "mirror_alignment_retries", "address_changes",
@@ -65,7 +79,8 @@ STAGER_STATS_FIELDS = (
     "mirror_bytes", "high_water_bytes", "bytes_to_device", "bytes_from_device", "uploads",
     "copy_backs", "async_uploads", "async_copy_backs", "packed_args", "mirror_copy_bytes",
     "host_waits", "hazard_stream_waits", "hazard_settles", "uploads_skipped", "copy_backs_skipped",
-    "zeroing_calls", "zeroed_bytes", "zero_uploads",
+    "zeroing_calls", "zeroed_bytes", "zero_uploads", "batched_uploads", "batched_copy_backs", "batched_copies",
+    "ring_uploads", "ring_copy_backs", "ring_chunks", "ring_waits", "ring_bytes",
 )
 PINNED_STATS_FIELDS = (
     "live_allocations", "live_bytes", "peak_live_bytes", "cached_blocks", "cached_bytes",
@@ -93,31 +108,57 @@ _PROTOTYPES = {
     "devstage_backend_create_callbacks": (_S, [POINTER(Callbacks), POINTER(handle_p)]),
     "devstage_backend_destroy": (_S, [handle_p]),
     "devstage_backend_get_info": (_S, [handle_p, POINTER(BackendInfo)]),
+    "devstage_backend_device": (_S, [handle_p, POINTER(c_int), POINTER(c_int)]),
+    "devstage_backend_synchronize": (_S, [handle_p]),
     "devstage_device_malloc": (_S, [handle_p, c_size_t, POINTER(c_void_p)]),
     "devstage_device_free": (_S, [handle_p, c_void_p]),
     "devstage_copy_to_device": (_S, [handle_p, c_void_p, c_void_p, c_size_t]),
     "devstage_copy_from_device": (_S, [handle_p, c_void_p, c_void_p, c_size_t]),
+    "devstage_host_register": (_S, [handle_p, c_void_p, c_size_t]),
+    "devstage_host_unregister": (_S, [handle_p, c_void_p]),
     "devstage_stream_create": (_S, [handle_p, POINTER(c_void_p)]),
+    "devstage_stream_adopt": (_S, [handle_p, c_void_p, POINTER(c_void_p)]),
+    "devstage_stream_native": (_S, [c_void_p, POINTER(c_void_p)]),
     "devstage_stream_destroy": (_S, [handle_p, c_void_p]),
     "devstage_stream_synchronize": (_S, [handle_p, c_void_p]),
+    "devstage_copy_to_device_async": (_S, [handle_p, c_void_p, c_void_p, c_size_t, c_void_p]),
+    "devstage_copy_from_device_async": (_S, [handle_p, c_void_p, c_void_p, c_size_t, c_void_p]),
+    "devstage_event_create": (_S, [handle_p, POINTER(c_void_p)]),
+    "devstage_event_destroy": (_S, [handle_p, c_void_p]),
+    "devstage_event_record": (_S, [handle_p, c_void_p, c_void_p]),
+    "devstage_event_ready": (_S, [handle_p, c_void_p, POINTER(c_int)]),
+    "devstage_event_synchronize": (_S, [handle_p, c_void_p]),
+    "devstage_stream_wait_event": (_S, [handle_p, c_void_p, c_void_p]),
+    "devstage_pinned_malloc": (_S, [handle_p, c_size_t, POINTER(c_void_p)]),
+    "devstage_pinned_free": (_S, [handle_p, c_void_p]),
+    "devstage_launch_host_function": (_S, [handle_p, c_void_p, HOST_FUNCTION, c_void_p]),
     "devstage_stager_create": (_S, [handle_p, POINTER(StagerConfig), POINTER(handle_p)]),
     "devstage_stager_destroy": (_S, [handle_p]),
     "devstage_stager_set_error_sink": (_S, [handle_p, ERROR_SINK, c_void_p]),
     "devstage_stager_release": (_S, [handle_p]),
+    "devstage_stager_abandon": (_S, [handle_p]),
     "devstage_stager_reserve": (_S, [handle_p, c_size_t]),
     "devstage_stager_stats_get": (_S, [handle_p, POINTER(StagerStats)]),
     "devstage_bind": (_S, [handle_p, POINTER(TensorArg), c_size_t, POINTER(handle_p)]),
     "devstage_bind_on": (_S, [handle_p, POINTER(TensorArg), c_size_t, c_void_p, POINTER(handle_p)]),
     "devstage_run_device_args": (_S, [handle_p, POINTER(c_void_p), c_size_t]),
     "devstage_run_slot": (_S, [handle_p, POINTER(c_size_t)]),
+    "devstage_order_after_uploads": (_S, [handle_p, handle_p, c_void_p]),
     "devstage_finish": (_S, [handle_p, handle_p, c_int]),
     "devstage_finish_on": (_S, [handle_p, handle_p, c_void_p, c_int, POINTER(handle_p)]),
     "devstage_run_destroy": (_S, [handle_p]),
     "devstage_completion_wait": (_S, [handle_p]),
     "devstage_completion_ready": (_S, [handle_p, POINTER(c_int)]),
+    "devstage_completion_pending": (_S, [handle_p, POINTER(c_int)]),
     "devstage_completion_destroy": (_S, [handle_p]),
+    "devstage_frame_create": (_S, [handle_p, POINTER(TensorShape), c_size_t, POINTER(handle_p)]),
+    "devstage_frame_host": (_S, [handle_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t)]),
+    "devstage_bind_frame": (_S, [handle_p, handle_p, POINTER(handle_p)]),
+    "devstage_bind_frame_on": (_S, [handle_p, handle_p, c_void_p, POINTER(handle_p)]),
+    "devstage_frame_destroy": (_S, [handle_p]),
     "devstage_pinned_pool_create": (_S, [handle_p, c_size_t, POINTER(handle_p)]),
     "devstage_pinned_pool_destroy": (_S, [handle_p]),
+    "devstage_pinned_pool_set_error_sink": (_S, [handle_p, ERROR_SINK, c_void_p]),
     "devstage_pinned_pool_allocate": (_S, [handle_p, c_size_t, POINTER(c_void_p)]),
     "devstage_pinned_pool_free": (_S, [handle_p, c_void_p]),
     "devstage_pinned_pool_record": (_S, [handle_p, c_void_p, c_void_p]),
@@ -126,26 +167,70 @@ _PROTOTYPES = {
 }
 
 
-def _load():
+def _install_libdir():
+    """The library directory of the Meson install this package came with, if any."""
+    try:
+        from . import _install  # written by meson install; absent in the source tree and a wheel
+    except ImportError:
+        return None
+    return _install.LIBDIR
+
+
+def candidates():
+    """Where the library is looked for, in order: (path or name, how it was chosen)."""
     override = os.environ.get("DEVSTAGE_C_LIBRARY")
-    names = [override] if override else [n for n in (ctypes.util.find_library("devstage_c"),
-                                                   "libdevstage_c.so.0", "libdevstage_c.so") if n]
-    reasons = []
-    for name in names:
+    if override:
+        return [(override, "$DEVSTAGE_C_LIBRARY")]
+    found = []
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libdevstage_c.so")
+    if os.path.exists(bundled):
+        found.append((bundled, "inside the package"))
+    libdir = _install_libdir()
+    if libdir:
+        found.append((os.path.join(libdir, "libdevstage_c.so.0"), "the Meson install's library directory"))
+    system = ctypes.util.find_library("devstage_c")
+    found += [(name, "the dynamic loader") for name in (system, "libdevstage_c.so.0", "libdevstage_c.so") if name]
+    return found
+
+
+class _Missing:
+    """A function the loaded library does not have (a library older than the package)."""
+
+    def __init__(self, name, path):
+        self.name, self.path = name, path
+
+    def __call__(self, *args):
+        from .errors import LibraryNotFound
+        raise LibraryNotFound("library_not_found", f"devstage: the libdevstage_c loaded from {self.path} has no "
+                              f"{self.name}: it is older than this Python package; install both from one devstage "
+                              "(pip install ., or ./dev install), or set DEVSTAGE_C_LIBRARY to a matching library")
+
+
+def _load():
+    tried = []
+    for name, how in candidates():
         try:
             library = ctypes.CDLL(name)
         except OSError as error:
-            reasons.append(str(error))
+            tried.append(f"{name} ({how}): {error}")
             continue
+        path = getattr(library, "_name", name)
         for function, (restype, argtypes) in _PROTOTYPES.items():
-            f = getattr(library, function)
+            f = getattr(library, function, None)
+            if f is None:
+                setattr(library, function, _Missing(function, path))
+                continue
             f.restype = restype
             f.argtypes = argtypes
+        library.devstage_path = path
         return library
     from .errors import LibraryNotFound
-    raise LibraryNotFound("library_not_found", "devstage: libdevstage_c could not be loaded (tried " +
-                          ", ".join(names) + "): " + "; ".join(reasons) +
-                          ". Set DEVSTAGE_C_LIBRARY to its path, or install devstage (./dev install).")
+    raise LibraryNotFound(
+        "library_not_found",
+        "devstage: libdevstage_c could not be loaded; tried " + "; ".join(tried) + ". Install the package with pip "
+        "(pip install . from a devstage checkout: the library is then inside it), or point DEVSTAGE_C_LIBRARY at the "
+        "library (after ./dev install PREFIX: PREFIX/lib/<multiarch>/libdevstage_c.so.0; in a build tree: "
+        "build/src/c/libdevstage_c.so), or add its directory to LD_LIBRARY_PATH.")
 
 
 lib = _load()

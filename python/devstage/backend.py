@@ -1,35 +1,68 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backends and streams: the simulator, a CUDA or Ascend device, or a runtime's own callbacks."""
+"""Backends and streams: the simulator, a CUDA or Ascend device, or a runtime's own callbacks;
+streams made by devstage or adopted from the runtime (torch's, a raw handle); host functions on
+a stream; host memory pinned in place."""
 import ctypes
+import itertools
+import threading
 import traceback
-from ctypes import byref, c_void_p
+import weakref
+from ctypes import byref, c_int, c_void_p
 
-from . import _lib
+from . import _dlpack, _lib
 from ._lib import lib
 from .errors import check
 
+SIM, CUDA, ASCEND, CALLBACKS = 0, 1, 2, 3  # devstage_backend_kind
+_KIND_NAMES = {SIM: "sim", CUDA: "cuda", ASCEND: "ascend", CALLBACKS: "callbacks"}
+_serials = itertools.count(1)
+
 
 class Backend:
-    """An accelerator, chosen at run time. `Backend.simulator()`, `Backend.cuda(0)`,
-    `Backend.ascend(0)` or `Backend.from_callbacks(...)`. Stagers and pools made from it keep it
-    alive; thread-safe where the runtime is."""
+    """An accelerator, chosen at run time: `devstage.sim()`, `devstage.cuda(0)`,
+    `devstage.ascend(0)` or `devstage.callbacks(...)`. Stagers, pools and streams made from it keep
+    it alive; thread-safe where the runtime is."""
 
-    def __init__(self, handle, keepalive=()):
+    # The C functions the destructors call, kept with the class: module globals may be gone
+    # when an object is destroyed at interpreter exit.
+    _destroy = lib.devstage_backend_destroy
+    _stream_destroy = lib.devstage_stream_destroy
+
+    def __init__(self, handle, keepalive=(), dlpack_device=None):
         self._handle = handle
         self._keepalive = keepalive  # the ctypes callbacks the C backend calls
-        self.callback_errors = []     # exceptions raised inside Python callbacks
+        self.callback_errors = []     # tracebacks of exceptions raised inside Python callbacks
+        self.number = next(_serials)
+        self._adopted = {}            # native stream handle -> devstage's handle of it
+        self._owned = weakref.WeakSet()  # the Streams and Events made through this backend
+        self._lock = threading.Lock()
+        self._host_functions = {}     # key -> (its ctypes function, [the function] until it ran)
+        self._host_function_keys = itertools.count(1)
+        self._retired_host_functions = []
+        kind, device = c_int(), c_int()
+        check(lib.devstage_backend_device(handle, byref(kind), byref(device)))
+        self.kind = _KIND_NAMES.get(kind.value, "unknown")
+        self.device = device.value
+        if dlpack_device is None and kind.value != CALLBACKS:
+            dlpack_device = {SIM: (_dlpack.CPU, 0), CUDA: (_dlpack.CUDA, device.value),
+                             ASCEND: (_dlpack.EXT_DEV, device.value)}[kind.value]
+        self.dlpack_device = dlpack_device
+
+    # ---- making one ------------------------------------------------------------------------
 
     @classmethod
     def simulator(cls, device_capacity=0):
-        """devstage's simulator: device memory emulated in host memory, page-locked pinned
-        memory, real streams. device_capacity: bytes it may hand out (0: 64 GiB)."""
+        """devstage's simulator: device memory emulated in host memory (kDLCPU through DLPack),
+        page-locked pinned memory, real streams (a worker thread each). device_capacity: bytes it
+        may hand out (0: 64 GiB)."""
         handle = c_void_p()
         check(lib.devstage_backend_create_sim(device_capacity, byref(handle)))
         return cls(handle)
 
     @classmethod
     def cuda(cls, device=0, library_path=None):
-        """CUDA device `device` through libcudart, loaded at run time."""
+        """CUDA device `device` through libcudart, loaded at run time (library_path None: as
+        CudaBackend::create looks for it). LibraryNotFound names what it tried."""
         handle = c_void_p()
         check(lib.devstage_backend_create_cuda(device, _path(library_path), byref(handle)))
         return cls(handle)
@@ -42,46 +75,56 @@ class Backend:
         return cls(handle)
 
     @classmethod
-    def from_callbacks(cls, *, device_malloc, device_free, copy_to_device, copy_from_device,
-                       pinned_malloc=None, pinned_free=None, device_memset=None, name="callbacks", context=None):
-        """A backend over a runtime's platform callbacks (no streams: devstage's are then
-        immediate). Each is either a ctypes function pointer with the C signature (it gets
-        `context` first: a runtime's hooks loaded with ctypes.CDLL plug in unchanged) or a
-        Python callable without the context:
-        device_malloc(nbytes) -> address (0 or None: out of memory), device_free(address),
-        copy_to_device(device_dst, host_src, nbytes) and copy_from_device(host_dst, device_src,
-        nbytes) -> None or 0 on success, a non-zero int on failure; pinned_malloc and pinned_free
-        (both or neither) like the device ones; device_memset(device_dst, value, nbytes) like the
-        copies (without it, stagers upload zeros to zero Out args). An exception inside a Python callback fails the
-        call (BackendFailure) and is kept in `callback_errors`."""
+    def from_callbacks(cls, *, device_malloc, device_free, copy_to_device, copy_from_device, name="callbacks",
+                       context=None, dlpack_device=None, **optional):
+        """A backend over a runtime's platform callbacks; see docs/python.md for every one.
+
+        Each is either a ctypes function pointer with the C signature of devstage_callbacks (it
+        gets `context` first: a runtime's hooks loaded with ctypes.CDLL plug in unchanged) or a
+        Python callable without the context. Required: device_malloc(nbytes) -> address (0 or
+        None: out of memory), device_free(address), copy_to_device(device_dst, host_src, nbytes)
+        and copy_from_device(host_dst, device_src, nbytes), which return None or 0 on success and
+        a non-zero int on failure. Optional (keyword): pinned_malloc and pinned_free; the stream
+        group create_stream() -> handle, destroy_stream(stream), copy_to_device_async(dst, src,
+        nbytes, stream), copy_from_device_async(...), create_event() -> handle,
+        destroy_event(event), record_event(event, stream), event_ready(event) -> bool,
+        synchronize_event(event), stream_wait_event(stream, event) (all or none: without them
+        devstage's streams are immediate); device_memset(dst, value, nbytes),
+        device_memset_async(dst, value, nbytes, stream), synchronize(), launch_host_function(
+        stream, run) (run() calls the host function), host_register(address, nbytes),
+        host_unregister(address). dlpack_device: the DLPack (device type, id) of the runtime's
+        device memory, for exporting staged args (none given: they cannot be exported). An
+        exception inside a Python callback fails the call (BackendFailure) and its traceback is
+        kept in `callback_errors`."""
         errors = []
         table = _lib.Callbacks()
         table.name = name.encode()
         table.context = context
         made = []
-
-        def wrap(field, function, kind):
+        kinds = dict(_CALLBACK_KINDS)
+        unknown = sorted(set(optional) - set(kinds))
+        if unknown:
+            raise TypeError(f"devstage: from_callbacks got unknown callbacks: {', '.join(unknown)}")
+        given = dict(device_malloc=device_malloc, device_free=device_free, copy_to_device=copy_to_device,
+                     copy_from_device=copy_from_device, **optional)
+        for field, function in given.items():
             if function is None:
-                return
+                continue
+            kind = kinds[field]
+            c_type = getattr(_lib, kind)
             if isinstance(function, ctypes._CFuncPtr):  # pylint: disable=protected-access
-                pointer = ctypes.cast(function, getattr(_lib, kind))
+                pointer = ctypes.cast(function, c_type)
             else:
-                pointer = getattr(_lib, kind)(_python_callback(function, kind, errors))
+                pointer = c_type(_python_callback(function, kind, errors))
             made.append(pointer)
             setattr(table, field, pointer)
-
-        wrap("device_malloc", device_malloc, "MALLOC")
-        wrap("device_free", device_free, "FREE")
-        wrap("copy_to_device", copy_to_device, "COPY")
-        wrap("copy_from_device", copy_from_device, "COPY")
-        wrap("pinned_malloc", pinned_malloc, "MALLOC")
-        wrap("pinned_free", pinned_free, "FREE")
-        wrap("device_memset", device_memset, "MEMSET")
         handle = c_void_p()
         check(lib.devstage_backend_create_callbacks(byref(table), byref(handle)))
-        backend = cls(handle, keepalive=tuple(made))
+        backend = cls(handle, keepalive=tuple(made), dlpack_device=dlpack_device)
         backend.callback_errors = errors
         return backend
+
+    # ---- what it is ------------------------------------------------------------------------
 
     @property
     def name(self):
@@ -95,6 +138,15 @@ class Backend:
     def has_streams(self):
         """False when streams are immediate (their copies are done when the call returns)."""
         return bool(self._info().streams)
+
+    def __repr__(self):
+        return f"<devstage backend '{self.name}' #{self.number} ({self.kind}, device {self.device})>"
+
+    def describe(self):
+        """"backend 'sim' #2": how messages name it."""
+        return f"backend '{self.name}' #{self.number}"
+
+    # ---- memory ----------------------------------------------------------------------------
 
     def device_malloc(self, nbytes):
         """Device memory for a tensor that stays on the device; its address."""
@@ -112,45 +164,193 @@ class Backend:
     def copy_from_device(self, host_dst, device_src, nbytes):
         check(lib.devstage_copy_from_device(self._handle, host_dst, device_src, nbytes))
 
+    def pinned_malloc(self, nbytes):
+        """Page-locked host memory straight from the backend (a PinnedPool caches it instead)."""
+        address = c_void_p()
+        check(lib.devstage_pinned_malloc(self._handle, nbytes, byref(address)))
+        return address.value
+
+    def pinned_free(self, address):
+        check(lib.devstage_pinned_free(self._handle, address))
+
+    def copy_to_device_async(self, device_dst, host_src, nbytes, stream):
+        """Enqueues a copy on `stream` (see Backend.stream)."""
+        check(lib.devstage_copy_to_device_async(self._handle, device_dst, host_src, nbytes, self.stream(stream).handle))
+
+    def copy_from_device_async(self, host_dst, device_src, nbytes, stream):
+        check(lib.devstage_copy_from_device_async(self._handle, host_dst, device_src, nbytes,
+                                                  self.stream(stream).handle))
+
+    def create_event(self):
+        """An event of this backend (never recorded: complete)."""
+        handle = c_void_p()
+        check(lib.devstage_event_create(self._handle, byref(handle)))
+        event = Event(self, handle.value)
+        self._owned.add(event)
+        return event
+
+    def host_register(self, address, nbytes):
+        """Page-locks `nbytes` of existing host memory at `address` (cudaHostRegister and the
+        like); NotSupported where the backend cannot. See PinnedPool.pin for the tensor form."""
+        check(lib.devstage_host_register(self._handle, address, nbytes))
+
+    def host_unregister(self, address):
+        check(lib.devstage_host_unregister(self._handle, address))
+
+    def synchronize(self):
+        """Blocks until all work on the device completed."""
+        check(lib.devstage_backend_synchronize(self._handle))
+
+    # ---- streams ---------------------------------------------------------------------------
+
     def create_stream(self):
-        """A stream of this backend, destroyed by close() (or with the Stream object)."""
+        """A new stream of this backend, destroyed by close() (or with the Stream object)."""
         handle = c_void_p()
         check(lib.devstage_stream_create(self._handle, byref(handle)))
-        return Stream(self, handle.value, owned=True)
+        stream = Stream(self, handle.value, adopted=False)
+        self._owned.add(stream)
+        return stream
+
+    def adopt_stream(self, native):
+        """The runtime's stream `native` (a cudaStream_t or aclrtStream as an int; 0: the default
+        stream) as a Stream of this backend; devstage never destroys it. The handle devstage keeps
+        for it lives as long as the backend (or until close())."""
+        native = int(native)
+        with self._lock:
+            handle = self._adopted.get(native)
+            if handle is None:
+                out = c_void_p()
+                check(lib.devstage_stream_adopt(self._handle, native or None, byref(out)))
+                handle = self._adopted[native] = out.value
+        return Stream(self, handle, adopted=True)
+
+    def stream(self, stream):
+        """`stream` as a Stream of this backend: a Stream (of this backend, else ValueError naming
+        both), a torch stream or any object with `cuda_stream` (or `npu_stream`, torch_npu's), or a
+        raw handle (an int)."""
+        if isinstance(stream, Stream):
+            if stream.backend is not self:
+                raise ValueError(f"devstage: a stream of {stream.backend.describe()} was given to {self.describe()}; "
+                                 "use a stream of the stager's own backend")
+            if stream.handle is None:
+                raise ValueError(f"devstage: the stream of {self.describe()} was closed")
+            return stream
+        for attribute, kinds in (("cuda_stream", ("cuda", "callbacks")), ("npu_stream", ("ascend", "callbacks"))):
+            native = getattr(stream, attribute, None)
+            if native is None:
+                continue
+            if self.kind not in kinds:
+                raise ValueError(f"devstage: a {type(stream).__name__} ({attribute}) was given to {self.describe()}, "
+                                 f"a {self.kind} backend: it takes its own streams or raw handles")
+            index = getattr(getattr(stream, "device", None), "index", None)
+            if self.kind != "callbacks" and index is not None and index != self.device:
+                raise ValueError(f"devstage: a stream of {stream.device} was given to {self.describe()}, which is "
+                                 f"{self.kind} device {self.device}")
+            return self.adopt_stream(native)
+        if isinstance(stream, int):
+            return self.adopt_stream(stream)
+        raise TypeError(f"devstage: {type(stream).__name__} is not a stream: pass a devstage Stream, a torch stream "
+                        "(or anything with cuda_stream), or a raw handle (an int)")
+
+    def launch_host_function(self, stream, function):
+        """Enqueues `function()` on `stream` (see Backend.stream): it runs on the stream, after the
+        work enqueued there before it (on the simulator, on the stream's worker thread; on CUDA,
+        through cudaLaunchHostFunc). It must not call devstage. An exception inside it is kept in
+        `callback_errors`. NotSupported where the backend cannot."""
+        target = self.stream(stream)
+        errors = self.callback_errors
+        state = [function, False]  # the function until it runs; whether it returned
+        with self._lock:
+            key = next(self._host_function_keys)
+            # A ctypes callback must not be freed while it runs: those that returned are kept
+            # one more launch (their last instructions may still be executing), then freed.
+            for retired in self._retired_host_functions:
+                self._host_functions.pop(retired, None)
+            self._retired_host_functions = [k for k, entry in self._host_functions.items() if entry[1][1]]
+
+        def run(_user):
+            work, state[0] = state[0], None
+            try:
+                if work is not None:
+                    work()
+            except Exception:  # pylint: disable=broad-except
+                errors.append(traceback.format_exc())
+            finally:
+                del work  # what the function holds (a run's tensors) goes when it returns
+                state[1] = True
+
+        pointer = _lib.HOST_FUNCTION(run)
+        with self._lock:
+            self._host_functions[key] = (pointer, state)
+        status = lib.devstage_launch_host_function(self._handle, target.handle, pointer, None)
+        if status != 0:
+            state[0] = None
+            with self._lock:
+                self._host_functions.pop(key, None)
+        check(status)
 
     def _info(self):
         info = _lib.BackendInfo()
         check(lib.devstage_backend_get_info(self._handle, byref(info)))
         return info
 
+    def _forget_adopted(self, handle):
+        with self._lock:
+            for native, known in list(self._adopted.items()):
+                if known == handle:
+                    del self._adopted[native]
+
     def __del__(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            lib.devstage_backend_destroy(handle)
+        handle = getattr(self, "_handle", None)
+        if not handle:
+            return
+        # At interpreter exit the garbage collector may finalize the backend before its streams
+        # and events: they go first (the library keeps a backend while they live).
+        for owned in list(getattr(self, "_owned", ())):
+            owned._destroy_quietly()  # pylint: disable=protected-access
+        for adopted in getattr(self, "_adopted", {}).values():
+            self._stream_destroy(handle, adopted)
+        self._handle = None
+        self._destroy(handle)
 
 
 class Stream:
-    """A stream of a backend: `backend.create_stream()`, or `Stream.wrap(backend, handle)` for a
-    runtime's own (a cudaStream_t such as torch.cuda.current_stream().cuda_stream), which stays
-    the caller's to destroy."""
+    """A stream of a backend: made by `backend.create_stream()` (devstage destroys the runtime's
+    stream with it) or adopted, `backend.adopt_stream(handle)`, `backend.stream(torch_stream)`
+    (the runtime's; devstage never destroys it). `native` is the runtime's handle as an int (for
+    launching kernels on it); `cuda_stream` too, so torch.cuda.ExternalStream(s.cuda_stream)
+    wraps it."""
 
-    def __init__(self, backend, handle, owned):
+    def __init__(self, backend, handle, adopted):
         self.backend = backend
         self.handle = handle
-        self._owned = owned
+        self.adopted = adopted
 
-    @classmethod
-    def wrap(cls, backend, handle):
-        return cls(backend, handle, owned=False)
+    @property
+    def native(self):
+        out = c_void_p()
+        check(lib.devstage_stream_native(self._live(), byref(out)))
+        return out.value or 0
+
+    cuda_stream = native
 
     def synchronize(self):
         """Blocks until the work enqueued on the stream so far completed."""
-        check(lib.devstage_stream_synchronize(self.backend._handle, self.handle))  # pylint: disable=protected-access
+        check(lib.devstage_stream_synchronize(self.backend._handle, self._live()))  # pylint: disable=protected-access
 
     def close(self):
-        if self._owned:
-            self._owned = False
-            check(lib.devstage_stream_destroy(self.backend._handle, self.handle))  # pylint: disable=protected-access
+        """Destroys the stream (an adopted one: only devstage's handle of it, which a later
+        adoption makes again)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            if self.adopted:
+                self.backend._forget_adopted(handle)  # pylint: disable=protected-access
+            check(lib.devstage_stream_destroy(self.backend._handle, handle))  # pylint: disable=protected-access
+
+    def _live(self):
+        if self.handle is None:
+            raise ValueError(f"devstage: the stream of {self.backend.describe()} was closed")
+        return self.handle
 
     def __enter__(self):
         return self
@@ -158,14 +358,88 @@ class Stream:
     def __exit__(self, *exc):
         self.close()
 
+    def __repr__(self):
+        state = "closed" if self.handle is None else ("adopted" if self.adopted else "owned")
+        return f"<devstage Stream of {self.backend.describe()}, {state}>"
+
+    def _destroy_quietly(self):
+        handle, self.handle = self.handle, None
+        backend = getattr(self.backend, "_handle", None)
+        if handle is not None and backend:
+            Backend._stream_destroy(backend, handle)  # pylint: disable=protected-access
+
     def __del__(self):
-        if getattr(self, "_owned", False):
-            self._owned = False
-            lib.devstage_stream_destroy(self.backend._handle, self.handle)  # pylint: disable=protected-access
+        if not getattr(self, "adopted", True):  # an adopted stream's handle is the backend's
+            self._destroy_quietly()
+
+
+class Event:
+    """An event of a backend: record(stream) marks the work enqueued there so far; ready() asks
+    without blocking, synchronize() blocks until it completed, and wait_on(stream) makes work
+    enqueued on `stream` afterwards wait for it. close() (or when it goes) destroys it."""
+
+    _event_destroy = lib.devstage_event_destroy
+
+    def __init__(self, backend, handle):
+        self.backend, self.handle = backend, handle
+
+    def _live(self):
+        if self.handle is None:
+            raise ValueError(f"devstage: the event of {self.backend.describe()} was closed")
+        return self.handle
+
+    def record(self, stream):
+        check(lib.devstage_event_record(self.backend._handle, self._live(), self.backend.stream(stream).handle))  # pylint: disable=protected-access
+
+    def ready(self):
+        answer = c_int()
+        check(lib.devstage_event_ready(self.backend._handle, self._live(), byref(answer)))  # pylint: disable=protected-access
+        return bool(answer.value)
+
+    def synchronize(self):
+        check(lib.devstage_event_synchronize(self.backend._handle, self._live()))  # pylint: disable=protected-access
+
+    def wait_on(self, stream):
+        check(lib.devstage_stream_wait_event(self.backend._handle, self.backend.stream(stream).handle,  # pylint: disable=protected-access
+                                             self._live()))
+
+    def close(self):
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            check(lib.devstage_event_destroy(self.backend._handle, handle))  # pylint: disable=protected-access
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _destroy_quietly(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        backend = getattr(getattr(self, "backend", None), "_handle", None)
+        if handle is not None and backend:
+            self._event_destroy(backend, handle)
+
+    def __del__(self):
+        self._destroy_quietly()
 
 
 def _path(library_path):
     return None if library_path is None else str(library_path).encode()
+
+
+# The optional callbacks and their C types (the required four are in from_callbacks' signature).
+_CALLBACK_KINDS = (
+    ("device_malloc", "MALLOC"), ("device_free", "FREE"), ("copy_to_device", "COPY"), ("copy_from_device", "COPY"),
+    ("pinned_malloc", "MALLOC"), ("pinned_free", "FREE"),
+    ("create_stream", "CREATE"), ("destroy_stream", "DESTROY"),
+    ("copy_to_device_async", "COPY_ASYNC"), ("copy_from_device_async", "COPY_ASYNC"),
+    ("create_event", "CREATE"), ("destroy_event", "DESTROY"), ("record_event", "RECORD"), ("event_ready", "READY"),
+    ("synchronize_event", "DESTROY"), ("stream_wait_event", "RECORD"),
+    ("device_memset", "MEMSET"), ("device_memset_async", "MEMSET_ASYNC"),
+    ("synchronize", "SYNCHRONIZE"), ("launch_host_function", "LAUNCH"),
+    ("host_register", "REGISTER"), ("host_unregister", "UNREGISTER"),
+)
 
 
 def _python_callback(function, kind, errors):
@@ -189,8 +463,38 @@ def _python_callback(function, kind, errors):
             except Exception:  # pylint: disable=broad-except
                 failed()
         return free
+    if kind == "CREATE":
+        def create(_context, out):
+            try:
+                handle = function()
+                if not handle:
+                    raise ValueError(f"{getattr(function, '__name__', 'create')} returned {handle!r}, not a handle")
+                out[0] = handle
+                return 0
+            except Exception:  # pylint: disable=broad-except
+                failed()
+                return -1
+        return create
+    if kind == "READY":
+        def ready(_context, event, out):
+            try:
+                out[0] = 1 if function(event) else 0
+                return 0
+            except Exception:  # pylint: disable=broad-except
+                failed()
+                return -1
+        return ready
+    if kind == "LAUNCH":
+        def launch(_context, stream, host_function, user):
+            try:
+                function(stream, lambda: host_function(user))
+                return 0
+            except Exception:  # pylint: disable=broad-except
+                failed()
+                return -1
+        return launch
 
-    def call(_context, *args):  # a copy or a memset: 0 on success
+    def call(_context, *args):  # the rest: 0 on success
         try:
             return int(function(*args) or 0)
         except Exception:  # pylint: disable=broad-except

@@ -49,13 +49,17 @@ _BY_CODE = (None, OutOfMemory, InvalidArgument, Busy, BackendFailure, UnknownPoi
             LibraryNotFound, Leaked)
 
 
-def check(status):
-    """Raises the exception of a devstage_status that is not DEVSTAGE_OK (call it right after the
-    call, on the same thread: the message is the thread's last one)."""
-    if status == 0:
-        return
+def error_of(status):
+    """The exception of a devstage_status that is not DEVSTAGE_OK, with this thread's last
+    message (take it right after the call, on the same thread)."""
     from ._lib import lib
     message = lib.devstage_last_message().decode(errors="replace")
     name = lib.devstage_status_name(status).decode()
     cls = _BY_CODE[status] if 0 < status < len(_BY_CODE) else Error
-    raise cls(name, message)
+    return cls(name, message)
+
+
+def check(status):
+    """Raises the exception of a devstage_status that is not DEVSTAGE_OK."""
+    if status != 0:
+        raise error_of(status)

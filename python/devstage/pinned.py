@@ -1,52 +1,59 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pinned host memory as tensors: a PinnedPool hands out PinnedBuffers that NumPy and PyTorch
 view without a copy (the NumPy array interface, DLPack), so inputs are generated straight into
-the memory a stager uploads from."""
+the memory a stager uploads from; and existing host memory pinned in place."""
 import math
+import threading
 from ctypes import byref, c_void_p
 
-from . import _dlpack, _lib
+from . import _dlpack, _dtypes, _host, _lib
+from ._dtypes import DTYPES, dtype_name  # noqa: F401  (dtype_name is part of the package's API)
 from ._lib import lib
 from .errors import check
 
-# dtype name -> (DLPack type code, bits, NumPy typestr). bfloat16 has no NumPy type: NumPy sees
-# its elements as 2-byte void.
-_DTYPES = {
-    "int8": (0, 8, "|i1"), "int16": (0, 16, "<i2"), "int32": (0, 32, "<i4"), "int64": (0, 64, "<i8"),
-    "uint8": (1, 8, "|u1"), "uint16": (1, 16, "<u2"), "uint32": (1, 32, "<u4"), "uint64": (1, 64, "<u8"),
-    "float16": (2, 16, "<f2"), "float32": (2, 32, "<f4"), "float64": (2, 64, "<f8"),
-    "bfloat16": (4, 16, "|V2"),
-}
-
-
-def dtype_name(dtype):
-    """The name of a dtype given as a string, a NumPy dtype or scalar type, or a torch.dtype."""
-    if isinstance(dtype, str):
-        name = dtype
-    elif isinstance(getattr(dtype, "name", None), str):
-        name = dtype.name            # numpy.dtype
-    elif isinstance(getattr(dtype, "__name__", None), str):
-        name = dtype.__name__        # numpy.float32 and the like
-    else:
-        name = str(dtype)            # torch.float32 -> "torch.float32"
-    name = name.removeprefix("torch.")
-    if name not in _DTYPES:
-        raise ValueError(f"devstage: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-    return name
-
 
 class _PoolHandle:
-    """The C pool, destroyed when the pool object and every buffer from it are gone."""
+    """The C pool, destroyed once the pool object and every buffer from it are gone — in whatever
+    order they go (at interpreter exit the garbage collector finalizes them in any order)."""
+
+    _destroy = lib.devstage_pinned_pool_destroy
+    _free = lib.devstage_pinned_pool_free
 
     def __init__(self, backend, max_cached_bytes):
         self.backend = backend  # outlives the pool (and its callbacks)
+        self.lock = threading.Lock()
+        self.buffers = 0        # live PinnedBuffers
+        self.dropped = False    # the pool object went first
         self.handle = c_void_p()
         check(lib.devstage_pinned_pool_create(backend._handle, max_cached_bytes, byref(self.handle)))  # pylint: disable=protected-access
 
-    def __del__(self):
-        handle, self.handle = getattr(self, "handle", None), None
+    def allocated(self):
+        with self.lock:
+            self.buffers += 1
+
+    def free(self, address):
+        with self.lock:
+            self.buffers -= 1
+            last = self.dropped and self.buffers == 0
+        if self.handle:
+            self._free(self.handle, address)
+        if last:
+            self._close()
+
+    def _close(self):
+        handle, self.handle = self.handle, None
         if handle:
-            lib.devstage_pinned_pool_destroy(handle)
+            self._destroy(handle)
+
+    def __del__(self):
+        lock = getattr(self, "lock", None)
+        if lock is None:
+            return
+        with lock:
+            self.dropped = True
+            last = self.buffers == 0
+        if last:
+            self._close()
 
 
 class PinnedPool:
@@ -56,6 +63,7 @@ class PinnedPool:
 
     def __init__(self, backend, max_cached_bytes=1 << 30):
         self._pool = _PoolHandle(backend, max_cached_bytes)
+        self.backend = backend
 
     def allocate(self, shape, dtype="uint8"):
         """A C-contiguous tensor of `shape` (an int or a tuple) and `dtype` in pinned memory.
@@ -64,15 +72,24 @@ class PinnedPool:
         if any(d < 0 for d in shape):
             raise ValueError(f"devstage: shape {shape} has a negative dimension")
         name = dtype_name(dtype)
-        nbytes = math.prod(shape) * _DTYPES[name][1] // 8
+        nbytes = math.prod(shape) * _dtypes.itemsize(name)
         address = c_void_p()
         check(lib.devstage_pinned_pool_allocate(self._pool.handle, max(nbytes, 1), byref(address)))
+        self._pool.allocated()
         return PinnedBuffer(self._pool, address.value, shape, name, nbytes)
+
+    def pin(self, tensor):
+        """Page-locks the memory of an existing host tensor in place (a NumPy array, a CPU torch
+        tensor, any writable C-contiguous buffer) with the pool's backend, as
+        torch.Tensor.pin_memory() gives pinned memory, without the copy; returns a Pinned that
+        keeps the tensor alive and unpins it on close() (or when it goes)."""
+        return Pinned(self.backend, tensor)
 
     def record(self, buffer, stream):
         """Work enqueued on `stream` uses `buffer`: once the buffer is given back, its block is
         reused only after that work completed. Never blocks."""
-        check(lib.devstage_pinned_pool_record(self._pool.handle, buffer.data_ptr, stream.handle))
+        target = self.backend.stream(stream)
+        check(lib.devstage_pinned_pool_record(self._pool.handle, buffer.data_ptr, target.handle))
 
     def trim(self):
         """Frees the cached blocks now (waiting for their recorded work)."""
@@ -100,22 +117,75 @@ class PinnedBuffer:
 
     @property
     def __array_interface__(self):
-        return {"shape": self.shape, "typestr": _DTYPES[self.dtype][2], "data": (self.data_ptr, False),
+        return {"shape": self.shape, "typestr": DTYPES[self.dtype][2], "data": (self.data_ptr, False),
                 "strides": None, "version": 3}
 
     def __dlpack__(self, stream=None, **_ignored):
         """A DLPack capsule of the buffer (kDLCPU: the CPU reads and writes pinned memory
         directly, so no stream applies)."""
-        code, bits, _ = _DTYPES[self.dtype]
+        code, bits, _ = DTYPES[self.dtype]
         return _dlpack.capsule(self, self.data_ptr, self.shape, code, bits)
 
     def __dlpack_device__(self):
         return (_dlpack.CPU, 0)
+
+    def _devstage_memory(self):
+        return _host.Memory(self.data_ptr, self.nbytes, self.shape, self.dtype, keep=self)
 
     def __repr__(self):
         return f"PinnedBuffer(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes}, data_ptr={self.data_ptr:#x})"
 
     def __del__(self):
         pool, self._pool = getattr(self, "_pool", None), None
-        if pool is not None and pool.handle:
-            lib.devstage_pinned_pool_free(pool.handle, self.data_ptr)
+        if pool is not None:
+            pool.free(self.data_ptr)
+
+
+class Pinned:
+    """Host memory of an existing tensor, page-locked in place by a backend (PinnedPool.pin):
+    `tensor` is the tensor, `data_ptr` and `nbytes` its memory. close() (a context manager; or
+    when the object goes) unpins it; the tensor must outlive the work that reads it."""
+
+    _unregister = lib.devstage_host_unregister
+
+    def __init__(self, backend, tensor):
+        memory = _host.memory_of(tensor, writable=False)
+        if memory.device is not None:
+            memory.close()
+            raise ValueError(f"devstage: pin needs host memory; the {type(tensor).__name__} is device memory")
+        if memory.nbytes == 0:
+            memory.close()
+            raise ValueError("devstage: pin of a tensor of 0 bytes: there is nothing to page-lock")
+        self.backend = backend
+        self.tensor = tensor
+        self.data_ptr = memory.address
+        self.nbytes = memory.nbytes
+        self._memory = memory  # keeps a buffer export open: the memory cannot move while pinned
+        self._lock = threading.Lock()
+        try:
+            backend.host_register(memory.address, memory.nbytes)
+        except BaseException:
+            memory.close()
+            raise
+        self._registered = True
+
+    def close(self):
+        with self._lock:
+            registered, self._registered = self._registered, False
+        if registered:
+            try:
+                check(self._unregister(self.backend._handle, self.data_ptr))  # pylint: disable=protected-access
+            finally:
+                self._memory.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_registered", False):
+            self._registered = False
+            self._unregister(self.backend._handle, self.data_ptr)  # pylint: disable=protected-access
+            self._memory.close()

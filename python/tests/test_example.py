@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import torch_or_skip
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "pinned_inputs.py")
@@ -15,3 +17,15 @@ def test_pinned_inputs_example():
                           text=True, check=False, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS" in done.stdout
+
+
+DECODE_LOOP = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "decode_loop.py")
+
+
+def test_decode_loop_example_on_the_simulator():
+    pytest.importorskip("numpy", reason="python3-numpy is not installed")
+    done = subprocess.run([sys.executable, DECODE_LOOP, "--steps", "12"], capture_output=True, text=True, check=False,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.rstrip().endswith("PASS"), done.stdout
+    assert "1 upload(s), 1 copy-back(s)" in done.stdout, done.stdout

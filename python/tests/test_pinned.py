@@ -133,3 +133,33 @@ def test_a_backend_without_pinned_memory_has_no_pool(host_device):
     with pytest.raises(devstage.NotSupported, match="'no-pinned' has no pinned host memory") as caught:
         devstage.PinnedPool(backend)
     assert caught.value.status == "not_supported"
+
+
+def test_pinning_an_existing_array_in_place(sim):
+    np = numpy_or_skip()
+    pool = devstage.PinnedPool(sim)
+    array = np.arange(1 << 16, dtype=np.float32)
+    with pool.pin(array) as pinned:
+        assert pinned.data_ptr == array.ctypes.data and pinned.nbytes == array.nbytes
+        stager = devstage.Stager(sim)
+        run = stager.bind([devstage.In(array)])
+        staged = np.empty_like(array)
+        sim.copy_from_device(staged.ctypes.data, run.device_pointers[0], staged.nbytes)
+        stager.finish(run)
+        assert (staged == array).all()
+        with pytest.raises(devstage.Error):
+            pool.pin(array)  # already pinned
+    with pytest.raises(devstage.UnknownPointer):
+        sim.host_unregister(array.ctypes.data)  # unpinned on leaving the block
+    with pytest.raises(ValueError, match="0 bytes"):
+        pool.pin(np.zeros(0, np.uint8))
+
+
+def test_pinning_a_torch_tensor_in_place(sim):
+    torch = torch_or_skip()
+    pool = devstage.PinnedPool(sim)
+    tensor = torch.zeros(4096, dtype=torch.int16)
+    pinned = pool.pin(tensor)
+    assert pinned.tensor is tensor and pinned.data_ptr == tensor.data_ptr()
+    pinned.close()
+    pinned.close()  # twice is fine

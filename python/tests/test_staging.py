@@ -14,9 +14,9 @@ def kernel(backend, run, nbytes):
     """out = in + 1 (bytes), on the device, through the backend's copies."""
     np = numpy_or_skip()
     values = np.empty(nbytes, np.uint8)
-    backend.copy_from_device(values.ctypes.data, run.device_args[0], nbytes)
+    backend.copy_from_device(values.ctypes.data, run.device_pointers[0], nbytes)
     values += 1
-    backend.copy_to_device(run.device_args[1], values.ctypes.data, nbytes)
+    backend.copy_to_device(run.device_pointers[1], values.ctypes.data, nbytes)
 
 
 @pytest.mark.parametrize("strategy,pack_limit", [("retained", 0), ("retained", 16384), ("per_tensor", 0)])
@@ -79,8 +79,8 @@ def test_device_args_pass_through(sim):
     stager = devstage.Stager(sim)
     host = np.ones(16, np.float32)
     run = stager.bind([devstage.In(host), devstage.Device(weights, 4096)])
-    assert run.device_args[1] == weights
-    assert run.device_args[0] not in (0, weights)
+    assert run.device_pointers[1] == weights and int(run.device_args[1]) == weights
+    assert run.device_pointers[0] not in (0, weights)
     stager.finish(run)
     sim.device_free(weights)
 
@@ -93,6 +93,17 @@ def test_the_librarys_errors_are_exceptions_with_its_messages(sim, host_device):
     assert "pack_limit 1000 is not 0, 4096, 16384 or 65536" in str(caught.value)
     assert "backend 'sim'" in str(caught.value)
     assert isinstance(caught.value, ValueError)
+    # Every configuration error at once: the package's and the library's.
+    with pytest.raises(devstage.Error) as caught:
+        devstage.Stager(host_device.backend(), pack_limit=1000, strategy="fastest", growth_cap=-1)
+    message = str(caught.value)
+    assert "strategy 'fastest'" in message and "growth_cap -1" in message and "pack_limit 1000" in message
+    with pytest.raises(devstage.Error) as caught:
+        devstage.Stager(devstage.Backend.from_callbacks(device_malloc=host_device.device_malloc,
+                                                        device_free=host_device.device_free,
+                                                        copy_to_device=host_device.copy,
+                                                        copy_from_device=host_device.copy), pack_limit=1000)
+    assert "pack_limit 1000" in str(caught.value) and "pinned" in str(caught.value)
 
     stager = devstage.Stager(sim)
     source = np.zeros(64, np.uint8)
@@ -142,6 +153,8 @@ def test_bad_python_arguments(sim):
         stager.bind([devstage.In(np.zeros((4, 4))[:, 1])])
     with pytest.raises(ValueError, match="strategy 'fastest'"):
         devstage.Stager(sim, strategy="fastest")
+    with pytest.raises(ValueError, match="read-only"):
+        stager.bind([devstage.Out(b"immutable")])
     other = devstage.Stager(sim)
     run = stager.bind([devstage.In(np.zeros(4))])
     with pytest.raises(ValueError, match="another stager"):

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The Python package installed the two ways Python users install it, each used from outside the
+# source tree with DEVSTAGE_C_LIBRARY unset:
+# - pip: `pip install --no-build-isolation .` into a fresh venv (offline, with the system's
+#   meson-python), the library inside the wheel;
+# - Meson: `meson install` into a prefix, the package in its site-packages loading the library
+#   from the prefix's library directory (no LD_LIBRARY_PATH).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+python=${PYTHON:-/usr/bin/python3}
+"$python" -c 'import mesonpy' 2>/dev/null || { echo "no meson-python (Debian: python3-mesonpy)"; exit 77; }
+"$python" -c 'import venv, ensurepip' 2>/dev/null || { echo "no venv (Debian: python3-venv)"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() {
+    echo "python install_check: $*" >&2
+    exit 1
+}
+unset DEVSTAGE_C_LIBRARY PYTHONPATH
+use='import devstage, sys
+where = devstage.__file__
+assert where.startswith(sys.argv[1]), f"devstage imported from {where}, not from {sys.argv[1]}"
+backend = devstage.sim()
+stager = devstage.Stager(backend, pack_limit=4096)
+data = bytearray(range(256)) * 4
+out = bytearray(len(data))
+run = stager.bind([devstage.In(bytes(data)), devstage.Out(out)])
+backend.copy_to_device(run.device_pointers[1], run.device_pointers[0], 0)
+stager.finish(run)
+print("devstage", devstage.__version__, "from", where, "library", devstage._lib.lib.devstage_path)'
+
+# pip, into a fresh venv that sees the system's meson-python, NumPy and PyTorch.
+"$python" -m venv --system-site-packages "$work/venv" >/dev/null
+# (Built as the test build is, so that ccache has the objects.)
+"$work/venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet \
+    --config-settings=builddir="$work/wheel-build" --config-settings=setup-args=-Dbuildtype=debugoptimized . \
+    >"$work/pip.log" 2>&1 || fail "pip install failed: $(tail -20 "$work/pip.log")"
+(cd "$work" && "$work/venv/bin/python" -c "$use" "$work/venv") || fail "the pip-installed package does not work"
+(cd "$work" && "$work/venv/bin/python" -c 'import devstage, os; assert os.path.dirname(devstage._lib.lib.devstage_path) == os.path.dirname(devstage.__file__)') ||
+    fail "the pip-installed package did not load the library inside it"
+
+# Meson install into a prefix (tests, examples and benchmarks off).
+meson setup "$work/build" --prefix="$work/prefix" -Dtests=disabled -Dexamples=disabled -Dbench=disabled \
+    -Dpython=enabled >"$work/setup.log" 2>&1 || fail "meson setup failed: $(tail -5 "$work/setup.log")"
+meson install -C "$work/build" >"$work/install.log" 2>&1 || fail "meson install failed: $(tail -5 "$work/install.log")"
+init=$(find "$work/prefix" -path '*devstage/__init__.py' | head -1)
+[ -n "$init" ] || fail "meson install did not install the Python package"
+site=$(dirname "$(dirname "$init")")
+(cd "$work" && PYTHONPATH=$site "$python" -c "$use" "$site") || fail "the Meson-installed package does not work"
+echo "the Python package works installed with pip (a fresh venv) and with meson install (a prefix)"

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Streams: devstage's own, a runtime's adopted (a torch stream, anything with cuda_stream, a raw
+handle) and never destroyed by devstage; a stream of another backend refused, naming both; Python
+host functions on a stream, in stream order."""
+import ctypes
+import gc
+import threading
+
+import pytest
+
+import devstage
+
+from conftest import numpy_or_skip
+
+
+class TorchLikeStream:
+    """What torch.cuda.Stream offers devstage: cuda_stream (the cudaStream_t) and device."""
+
+    class _Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __str__(self):
+            return f"cuda:{self.index}"
+
+    def __init__(self, handle, device=0):
+        self.cuda_stream = handle
+        self.device = self._Device(device)
+
+
+def native_stream(cudart):
+    handle = ctypes.c_void_p()
+    assert cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) == 0
+    return handle
+
+
+def test_a_torch_stream_and_a_raw_handle_are_adopted_and_never_destroyed(cuda_standin):
+    np = numpy_or_skip()
+    gpu, cudart = cuda_standin
+    native = native_stream(cudart)
+    stager = devstage.Stager(gpu, pipeline_slots=2)
+    source = np.arange(256, dtype=np.uint8)
+    out = np.zeros(256, np.uint8)
+    for stream in (TorchLikeStream(native.value), native.value):
+        run = stager.bind([devstage.In(source), devstage.InOut(out)], stream=stream)
+        done = stager.finish(run, stream=stream)
+        done.wait()
+        done.close()
+    adopted = gpu.stream(native.value)
+    assert adopted.adopted and adopted.native == native.value
+    adopted.close()  # devstage's handle only
+    del stager, adopted
+    gc.collect()
+    assert cudart.cudaStreamDestroy(native) == 0  # the runtime's stream was still alive: devstage left it
+
+
+def test_a_torch_stream_of_another_device_is_refused(cuda_standin):
+    gpu, cudart = cuda_standin
+    native = native_stream(cudart)
+    with pytest.raises(ValueError, match="cuda:1.*cuda device 0"):
+        gpu.stream(TorchLikeStream(native.value, device=1))
+    cudart.cudaStreamDestroy(native)
+
+
+def test_a_stream_of_another_backend_is_refused_naming_both():
+    np = numpy_or_skip()
+    first, second = devstage.sim(), devstage.sim()
+    stager = devstage.Stager(first)
+    with second.create_stream() as foreign:
+        with pytest.raises(ValueError, match=rf"backend 'sim' #{second.number}.*backend 'sim' #{first.number}"):
+            stager.bind([devstage.In(np.zeros(8, np.uint8))], stream=foreign)
+        # The C interface refuses it as well when the stream's handle is passed directly.
+        from devstage._lib import lib, TensorArg  # pylint: disable=import-outside-toplevel
+        run = ctypes.c_void_p()
+        table = (TensorArg * 1)(TensorArg(None, 0, 0, 0))
+        assert lib.devstage_bind_on(stager._handle, table, 0, foreign.handle, ctypes.byref(run)) == 2
+        assert "'sim'" in lib.devstage_last_message().decode()
+    run = stager.bind([devstage.In(np.zeros(8, np.uint8))])  # still usable
+    stager.finish(run)
+
+
+def test_torch_streams_are_refused_by_the_simulator(sim):
+    with pytest.raises(ValueError, match="a sim backend"):
+        sim.stream(TorchLikeStream(0x1234))
+    with pytest.raises(TypeError, match="is not a stream"):
+        sim.stream("stream 1")
+
+
+def test_a_closed_stream_is_refused(sim):
+    stream = sim.create_stream()
+    stream.close()
+    with pytest.raises(ValueError, match="closed"):
+        devstage.Stager(sim).bind([], stream=stream)
+
+
+def test_host_functions_run_in_stream_order(sim):
+    np = numpy_or_skip()
+    stager = devstage.Stager(sim, pipeline_slots=2)
+    stream = sim.create_stream()
+    seen = []
+    threads = set()
+    values = np.arange(100, dtype=np.int32)
+    out = np.zeros(100, np.int32)
+    run = stager.bind([devstage.In(values), devstage.Out(out)], stream=stream)
+    source, target = run.device_args[0].numpy(), run.device_args[1].numpy()
+
+    def kernel(source=source, target=target):
+        threads.add(threading.get_ident())
+        seen.append("kernel")
+        target[:] = source * 3  # runs after the uploads: the stream orders it
+
+    sim.launch_host_function(stream, kernel)
+    del source, target, kernel
+    sim.launch_host_function(stream, lambda: seen.append("after"))
+    done = stager.finish(run, stream=stream)
+    done.wait()
+    assert seen == ["kernel", "after"] and threading.get_ident() not in threads
+    assert (out == values * 3).all()
+    done.close()
+    sim.launch_host_function(stream, lambda: 1 / 0)
+    stream.synchronize()
+    assert "ZeroDivisionError" in sim.callback_errors[-1]
+    stream.close()
+
+
+def test_host_functions_where_a_backend_has_none(host_device):
+    backend = host_device.backend()  # immediate streams, no launch callback
+    stream = backend.create_stream()
+    ran = []
+    try:
+        backend.launch_host_function(stream, lambda: ran.append(1))
+    except devstage.NotSupported as error:
+        assert "python-device" in str(error)
+    else:
+        assert ran == [1]  # immediate streams: at once
+    stream.close()
+
+
+def test_host_functions_over_python_stream_callbacks(streamed_device):
+    np = numpy_or_skip()
+    backend = streamed_device.backend()
+    assert backend.has_streams
+    stager = devstage.Stager(backend, pipeline_slots=2)
+    stream = backend.create_stream()
+    out = np.zeros(16, np.int64)
+    run = stager.bind([devstage.Out(out)], stream=stream)
+    view = run.device_args[0].numpy()
+    backend.launch_host_function(stream, lambda view=view: view.fill(41))
+    del view
+    done = stager.finish(run, stream=stream)
+    done.wait()
+    assert (out == 41).all()
+    done.close()
+    stream.close()
+    del stager
+    gc.collect()
+
+
+def test_events_and_async_copies(sim):
+    np = numpy_or_skip()
+    stream = sim.create_stream()
+    device = sim.device_malloc(4096)
+    host = np.arange(4096, dtype=np.uint8)
+    back = np.zeros_like(host)
+    sim.copy_to_device_async(device, host.ctypes.data, 4096, stream)
+    sim.copy_from_device_async(back.ctypes.data, device, 4096, stream)
+    with sim.create_event() as event:
+        event.record(stream)
+        event.synchronize()
+        assert event.ready()
+        other = sim.create_stream()
+        event.wait_on(other)
+        other.close()
+    assert (back == host).all()
+    foreign = devstage.sim().create_stream()
+    with pytest.raises(ValueError, match="another|#"):
+        sim.create_event().record(foreign)
+    sim.device_free(device)
+    stream.close()
