@@ -24,6 +24,10 @@ READY = CFUNCTYPE(c_int, c_void_p, c_void_p, POINTER(c_int))
 MEMSET = CFUNCTYPE(c_int, c_void_p, c_void_p, c_int, c_size_t)
 MEMSET_ASYNC = CFUNCTYPE(c_int, c_void_p, c_void_p, c_int, c_size_t, c_void_p)
 ERROR_SINK = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
+SYNCHRONIZE = CFUNCTYPE(c_int, c_void_p)
+HOST_FUNCTION = CFUNCTYPE(None, c_void_p)
+LAUNCH_HOST_FUNCTION = CFUNCTYPE(c_int, c_void_p, c_void_p, HOST_FUNCTION, c_void_p)
+HOST_REGISTER = CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 
 
 class Callbacks(Structure):
@@ -38,6 +42,8 @@ class Callbacks(Structure):
         ("record_event", RECORD), ("event_ready", READY),
         ("synchronize_event", DESTROY), ("stream_wait_event", RECORD),
         ("device_memset", MEMSET), ("device_memset_async", MEMSET_ASYNC),
+        ("synchronize", SYNCHRONIZE), ("launch_host_function", LAUNCH_HOST_FUNCTION),
+        ("host_register", HOST_REGISTER), ("host_unregister", DESTROY),
     ]
 
 
@@ -65,7 +71,8 @@ STAGER_STATS_FIELDS = (
     "mirror_bytes", "high_water_bytes", "bytes_to_device", "bytes_from_device", "uploads",
     "copy_backs", "async_uploads", "async_copy_backs", "packed_args", "mirror_copy_bytes",
     "host_waits", "hazard_stream_waits", "hazard_settles", "uploads_skipped", "copy_backs_skipped",
-    "zeroing_calls", "zeroed_bytes", "zero_uploads",
+    "zeroing_calls", "zeroed_bytes", "zero_uploads", "batched_uploads", "batched_copy_backs",
+    "batched_copies", "ring_uploads", "ring_copy_backs", "ring_chunks", "ring_waits", "ring_bytes",
 )
 PINNED_STATS_FIELDS = (
     "live_allocations", "live_bytes", "peak_live_bytes", "cached_blocks", "cached_bytes",
