@@ -161,7 +161,9 @@ MockConfig deferred(std::uint32_t polls = 2) {
 }  // namespace
 
 TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock][async]") {
-    STATIC_REQUIRE(devstage::mock_op_count == 22);
+    STATIC_REQUIRE(devstage::mock_op_count == 24);
+    CHECK(devstage::to_string(MockOp::host_register) == "host_register");
+    CHECK(devstage::to_string(MockOp::host_unregister) == "host_unregister");
     CHECK(devstage::to_string(MockOp::device_memset_async) == "device_memset_async");
     CHECK(devstage::to_string(MockOp::copy_to_device_batch) == "copy_to_device_batch");
     CHECK(devstage::to_string(MockOp::copy_from_device_batch) == "copy_from_device_batch");

@@ -295,6 +295,19 @@ template <class B>
 concept BatchCopyBackend = AsyncBackend<B> && backend_requires::batch_copy_limit<B> &&
     backend_requires::copy_to_device_batch<B> && backend_requires::copy_from_device_batch<B>;
 
+/// Optional: existing host memory pinned in place. `b.host_register(p, n)` noexcept -> Status
+/// page-locks [p, p + n) for the backend's copies (cudaHostRegister), so copies from and to it
+/// are direct and asynchronous; `b.host_unregister(p)` noexcept -> Status undoes it for the
+/// range registered at `p`. A null pointer, zero bytes, a range registered twice or overlapping
+/// a registered one is invalid_argument; unregistering a pointer never registered is an error.
+template <class B>
+concept HostRegisterBackend = Backend<B> && requires(B& b, void* p, std::size_t n) {
+    { b.host_register(p, n) }
+    noexcept->std::same_as<Status>;
+    { b.host_unregister(p) }
+    noexcept->std::same_as<Status>;
+};
+
 }  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

@@ -4,7 +4,9 @@
 // instantiated on. Each C backend handle holds one AnyBackend: a concrete backend (SimBackend,
 // CudaBackend, AscendBackend) wrapped by Wrapped<B>, or the runtime callbacks of a C caller.
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,7 +36,7 @@ public:
         friend bool operator==(Event, Event) = default;
     };
 
-    AnyBackend() = default;
+    AnyBackend() noexcept : number_(next_number()) {}
     AnyBackend(const AnyBackend&) = delete;
     AnyBackend& operator=(const AnyBackend&) = delete;
     virtual ~AnyBackend() = default;
@@ -42,6 +44,11 @@ public:
     virtual std::string_view name() const noexcept = 0;
     virtual bool has_pinned() const noexcept = 0;
     virtual bool has_streams() const noexcept = 0;
+    /// A DEVSTAGE_BACKEND_* value, and the runtime's device id (0 for the simulator and callbacks).
+    virtual int kind() const noexcept = 0;
+    virtual int device() const noexcept { return 0; }
+    /// This backend's number among those the process made (from 1), for messages.
+    std::uint64_t number() const noexcept { return number_; }
 
     virtual Result<void*> device_malloc(std::size_t bytes) noexcept = 0;
     virtual Status device_free(void* pointer) noexcept = 0;
@@ -66,15 +73,44 @@ public:
     /// cannot uploads zeros there instead, so only `value` 0 is sure to work everywhere.
     virtual Status device_memset_async(void* device_dst, int value, std::size_t bytes, Stream stream) noexcept = 0;
 
+    /// Batches of copies (BatchCopyBackend): the most one call on `stream` takes, 0 without.
+    virtual std::size_t batch_copy_limit(Stream stream) const noexcept = 0;
+    virtual Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs,
+                                        const std::size_t* sizes, std::size_t count, Stream stream) noexcept = 0;
+    virtual Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs,
+                                          const std::size_t* sizes, std::size_t count, Stream stream) noexcept = 0;
+
+    /// A stream of the runtime's own, `native` (null: the runtime's default stream), as a Stream;
+    /// devstage never destroys it. not_supported where there is no default stream; a native
+    /// value the backend can tell is not one of its streams is invalid_argument.
+    virtual Result<Stream> adopt_stream(void* native) noexcept = 0;
+    /// Enqueues `function(user)` on `stream` (HostFunctionBackend); not_supported without.
+    virtual Status launch_host_function(Stream stream, HostFunction function, void* user) noexcept = 0;
+    /// Pins existing host memory in place (HostRegisterBackend); not_supported without.
+    virtual Status host_register(void* host, std::size_t bytes) noexcept = 0;
+    virtual Status host_unregister(void* host) noexcept = 0;
+    /// Waits until the device is idle (SynchronizingBackend); not_supported without. The stagers
+    /// use it to recover from a wait for one slot's work that failed.
+    virtual Status synchronize() noexcept = 0;
+
     /// What is still allocated through this backend and was never freed, as a leaked Status
     /// (ok when nothing is); the callback backend frees it first. Called once, before destruction.
     virtual Status close() noexcept { return {}; }
+
+private:
+    static std::uint64_t next_number() noexcept {
+        static std::atomic<std::uint64_t> made{0};
+        return made.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
+    std::uint64_t number_;
 };
 
 static_assert(Backend<AnyBackend>);
 static_assert(PinnedHostBackend<AnyBackend>);
 static_assert(AsyncBackend<AnyBackend>);
 static_assert(AsyncMemsetBackend<AnyBackend>);
+static_assert(SynchronizingBackend<AnyBackend>);
+static_assert(BatchCopyBackend<AnyBackend>);
 
 /// Shared by the C handles made from a backend: the last owner closes it (a leak report goes to
 /// stderr then) and destroys it.

@@ -69,9 +69,11 @@ public:
     virtual Result<StagedRun> bind(const HostFrame& frame, Stream stream) noexcept = 0;
     virtual Status finish(StagedRun&& run, const Status& execution) noexcept = 0;
     virtual Result<Completion> finish(StagedRun&& run, Stream stream, const Status& execution) noexcept = 0;
+    virtual Status order_after_uploads(const StagedRun& run, Stream stream) noexcept = 0;
     virtual Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept = 0;
     virtual Status reserve(std::size_t bytes) noexcept = 0;
     virtual Status release() noexcept = 0;
+    virtual void abandon() noexcept = 0;
     virtual const StagerStats& stats() const noexcept = 0;
     /// Ok, or why the stager has no slot.
     virtual const Status& status() const noexcept = 0;

@@ -17,12 +17,13 @@ using devstage::Status;
 
 namespace {
 
-// Runs `operation(pool)` on a pool handle that must not be NULL.
+// Runs `operation(state, pool)` on a pool handle that must be live.
 template <class Operation>
 devstage_status on_pool(const char* function, const devstage_pinned_pool* pool, Operation&& operation) noexcept {
     return guarded(function, [&] {
-        if (pool == nullptr) return null_argument(function, "pool");
-        return operation(*pool->pool);
+        PoolState* state = find<PoolState>(pool);
+        if (state == nullptr) return bad_handle<PoolState>(function, pool, "pool");
+        return operation(*state, *state->pool);
     });
 }
 
@@ -32,35 +33,37 @@ extern "C" {
 
 devstage_status devstage_pinned_pool_create(devstage_backend* backend, size_t max_cached_bytes,
                                             devstage_pinned_pool** out) {
-    return created("devstage_pinned_pool_create", backend, out, [&](devstage_pinned_pool& handle) {
-        if (!handle.backend->has_pinned()) {
-            return Status(Errc::not_supported,
-                          devstage::detail::message("devstage_pinned_pool_create: backend '", handle.backend->name(),
-                                                    "' has no pinned host memory (no "
-                                                    "pinned_malloc and pinned_free callbacks)"));
-        }
-        handle.pool = std::make_unique<PinnedPool>(*handle.backend, devstage::CachingPinned{max_cached_bytes});
-        handle.pool->set_error_sink(handle.sink.sink());
-        return Status();
+    return guarded("devstage_pinned_pool_create", [&] {
+        return created<PoolState>("devstage_pinned_pool_create", backend, out, [&](PoolState& state) {
+            if (!state.backend->has_pinned()) {
+                return Status(Errc::not_supported,
+                              devstage::detail::message("devstage_pinned_pool_create: backend '", state.backend->name(),
+                                                        "' has no pinned host memory (no "
+                                                        "pinned_malloc and pinned_free callbacks)"));
+            }
+            state.pool = std::make_unique<PinnedPool>(*state.backend, devstage::CachingPinned{max_cached_bytes});
+            state.pool->set_error_sink(state.sink.sink());
+            return Status();
+        });
     });
 }
 
 devstage_status devstage_pinned_pool_destroy(devstage_pinned_pool* pool) {
-    return destroyed("devstage_pinned_pool_destroy", pool, &devstage_pinned_pool::pool);
+    return destroyed<PoolState>("devstage_pinned_pool_destroy", pool, &PoolState::pool);
 }
 
 devstage_status devstage_pinned_pool_set_error_sink(devstage_pinned_pool* pool, devstage_error_sink sink,
                                                     void* context) {
-    return on_pool("devstage_pinned_pool_set_error_sink", pool, [&](PinnedPool& p) {
-        pool->sink.function = sink;
-        pool->sink.context = context;
-        p.set_error_sink(pool->sink.sink());
+    return on_pool("devstage_pinned_pool_set_error_sink", pool, [&](PoolState& state, PinnedPool& p) {
+        state.sink.function = sink;
+        state.sink.context = context;
+        p.set_error_sink(state.sink.sink());
         return report(Status());
     });
 }
 
 devstage_status devstage_pinned_pool_allocate(devstage_pinned_pool* pool, size_t bytes, void** host) {
-    return on_pool("devstage_pinned_pool_allocate", pool, [&](PinnedPool& p) {
+    return on_pool("devstage_pinned_pool_allocate", pool, [&](PoolState&, PinnedPool& p) {
         if (host == nullptr) return null_argument("devstage_pinned_pool_allocate", "host");
         *host = nullptr;
         Result<void*> memory = p.allocate_raw(bytes);
@@ -71,21 +74,25 @@ devstage_status devstage_pinned_pool_allocate(devstage_pinned_pool* pool, size_t
 }
 
 devstage_status devstage_pinned_pool_free(devstage_pinned_pool* pool, void* host) {
-    return on_pool("devstage_pinned_pool_free", pool, [&](PinnedPool& p) { return report(p.release(host)); });
+    return on_pool("devstage_pinned_pool_free", pool,
+                   [&](PoolState&, PinnedPool& p) { return report(p.release(host)); });
 }
 
 devstage_status devstage_pinned_pool_record(devstage_pinned_pool* pool, const void* host, devstage_stream stream) {
-    return on_pool("devstage_pinned_pool_record", pool, [&](PinnedPool& p) {
-        return report(p.record(host, AnyBackend::Stream{static_cast<void*>(stream)}));
+    return on_pool("devstage_pinned_pool_record", pool, [&](PoolState& state, PinnedPool& p) {
+        devstage_status failed = DEVSTAGE_OK;
+        StreamState* s = checked_stream("devstage_pinned_pool_record", stream, *state.backend, "a pool of ", failed);
+        if (s == nullptr) return failed;
+        return report(p.record(host, s->native));
     });
 }
 
 devstage_status devstage_pinned_pool_trim(devstage_pinned_pool* pool) {
-    return on_pool("devstage_pinned_pool_trim", pool, [&](PinnedPool& p) { return report(p.trim()); });
+    return on_pool("devstage_pinned_pool_trim", pool, [&](PoolState&, PinnedPool& p) { return report(p.trim()); });
 }
 
 devstage_status devstage_pinned_pool_stats(const devstage_pinned_pool* pool, devstage_pinned_stats* stats) {
-    return on_pool("devstage_pinned_pool_stats", pool, [&](const PinnedPool& p) {
+    return on_pool("devstage_pinned_pool_stats", pool, [&](PoolState&, const PinnedPool& p) {
         if (stats == nullptr) return null_argument("devstage_pinned_pool_stats", "stats");
         const devstage::PinnedStats s = p.stats();
         *stats = devstage_pinned_stats{s.live_allocations, s.live_bytes,     s.peak_live_bytes, s.cached_blocks,

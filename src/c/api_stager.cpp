@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The stager entry points of the C interface: stagers, runs, completions, frames and stats.
+// Runs, completions and frames name the stager that made them, so one given to another stager
+// (or outliving its own) is refused before the C++ stager sees it.
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <utility>
@@ -16,20 +19,35 @@ using devstage::Errc;
 using devstage::Result;
 using devstage::Status;
 
-namespace {
+// Every StagerStats counter has its field in devstage_stager_stats (all are uint64_t).
+static_assert(sizeof(devstage_stager_stats) == sizeof(devstage::StagerStats),
+              "devstage_stager_stats must carry every StagerStats counter: append the new ones");
 
-AnyStager::Stream native(devstage_stream stream) noexcept {
-    return AnyStager::Stream{static_cast<void*>(stream)};
-}
+namespace {
 
 Status invalid(const char* function, std::size_t index, const char* field, int value, const char* allowed) {
     return Status(Errc::invalid_argument, devstage::detail::message(function, ": arg ", index, " has ", field, " ",
                                                                     value, ", which is not ", allowed));
 }
 
+// invalid_argument when `count` elements of `size` bytes cannot be an array in memory.
+Status countable(const char* function, const char* what, std::size_t count, std::size_t size) {
+    if (count <= PTRDIFF_MAX / size) return {};
+    return Status(Errc::invalid_argument,
+                  devstage::detail::message(function, ": ", what, " count ", count, " cannot be the size of an array"));
+}
+
+// invalid_argument: `what` (a run, frame or completion) belongs to another stager.
+devstage_status not_this_stager(const char* function, const char* what) {
+    return report(Status(Errc::invalid_argument,
+                         devstage::detail::message(function, ": the ", what,
+                                                   " belongs to another stager (or to one that was destroyed)")));
+}
+
 // The C args as TensorArgs, in the stager's reusable storage.
-Result<std::span<const devstage::TensorArg>> converted(const char* function, devstage_stager& stager,
+Result<std::span<const devstage::TensorArg>> converted(const char* function, StagerState& stager,
                                                        const devstage_tensor_arg* args, std::size_t count) {
+    if (Status sized = countable(function, "args", count, sizeof(devstage_tensor_arg)); !sized) return sized;
     stager.args.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
         const devstage_tensor_arg& arg = args[i];
@@ -45,48 +63,79 @@ Result<std::span<const devstage::TensorArg>> converted(const char* function, dev
     return std::span<const devstage::TensorArg>(stager.args);
 }
 
-// Hands a bound run to the caller as a handle.
-devstage_status hand_out(Result<devstage::StagedRun> bound, devstage_run** run) {
+// Hands a bound run to the caller as a handle; a run with no handle ends (without copy-backs).
+devstage_status run_handed_out(const char* function, const StagerState& stager, Result<devstage::StagedRun> bound,
+                               devstage_run** run) {
     if (!bound) return report(bound.status());
-    *run = new devstage_run{std::move(*bound)};
+    devstage_run* handle = hand_out(std::make_unique<RunState>(RunState{stager.self, std::move(*bound)}));
+    if (handle == nullptr) return no_handle(function, HandleKind::run);
+    *run = handle;
     return report(Status());
 }
 
-// Binds `args` (converted) with `bind(stager, span)`.
+// Runs `operation(state)` on a stager handle that must be live.
+template <class Operation>
+devstage_status on_stager(const char* function, const devstage_stager* stager, Operation&& operation) noexcept {
+    return guarded(function, [&] {
+        StagerState* state = find<StagerState>(stager);
+        if (state == nullptr) return bad_handle<StagerState>(function, stager);
+        return operation(*state);
+    });
+}
+
+// The stream of `handle` when it belongs to `stager`'s backend, else null after reporting.
+StreamState* stager_stream(const char* function, devstage_stream handle, const StagerState& stager,
+                           devstage_status& failed) noexcept {
+    return checked_stream(function, handle, *stager.backend, "a stager of ", failed);
+}
+
+// Binds `args` (converted) with `bind(stager, span, stream)`; `stream` null: synchronously.
 template <class Bind>
 devstage_status bind_args(const char* function, devstage_stager* stager, const devstage_tensor_arg* args,
-                          std::size_t count, devstage_run** run, Bind&& bind) {
+                          std::size_t count, const devstage_stream* stream, devstage_run** run, Bind&& bind) {
     return guarded(function, [&] {
         if (run == nullptr) return null_argument(function, "run");
         *run = nullptr;
-        if (stager == nullptr) return null_argument(function, "stager");
+        StagerState* state = find<StagerState>(stager);
+        if (state == nullptr) return bad_handle<StagerState>(function, stager);
         if (args == nullptr && count > 0) {
             return report(Status(Errc::invalid_argument,
                                  devstage::detail::message(function, ": args is NULL with count ", count)));
         }
-        Result<std::span<const devstage::TensorArg>> converted_args = converted(function, *stager, args, count);
+        AnyStager::Stream native{};
+        if (stream != nullptr) {
+            devstage_status failed = DEVSTAGE_OK;
+            StreamState* s = stager_stream(function, *stream, *state, failed);
+            if (s == nullptr) return failed;
+            native = s->native;
+        }
+        Result<std::span<const devstage::TensorArg>> converted_args = converted(function, *state, args, count);
         if (!converted_args) return report(converted_args.status());
-        return hand_out(bind(*stager->stager, *converted_args), run);
+        return run_handed_out(function, *state, bind(*state->stager, *converted_args, native), run);
     });
 }
 
-// Binds a frame with `bind(stager, frame)`.
+// Binds a frame with `bind(stager, frame, stream)`; `stream` null: synchronously.
 template <class Bind>
 devstage_status bind_frame(const char* function, devstage_stager* stager, const devstage_frame* frame,
-                           devstage_run** run, Bind&& bind) {
+                           const devstage_stream* stream, devstage_run** run, Bind&& bind) {
     return guarded(function, [&] {
         if (run == nullptr) return null_argument(function, "run");
         *run = nullptr;
-        if (stager == nullptr) return null_argument(function, "stager");
-        if (frame == nullptr) return null_argument(function, "frame");
-        return hand_out(bind(*stager->stager, *frame->frame), run);
+        StagerState* state = find<StagerState>(stager);
+        if (state == nullptr) return bad_handle<StagerState>(function, stager);
+        FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>(function, frame);
+        if (f->stager != state->self) return not_this_stager(function, "frame");
+        AnyStager::Stream native{};
+        if (stream != nullptr) {
+            devstage_status failed = DEVSTAGE_OK;
+            StreamState* s = stager_stream(function, *stream, *state, failed);
+            if (s == nullptr) return failed;
+            native = s->native;
+        }
+        return run_handed_out(function, *state, bind(*state->stager, *f->frame, native), run);
     });
-}
-
-// A finish consumes the run handle, except a run of another stager, which it leaves live.
-void consume(devstage_run* run, const Status& finished) noexcept {
-    if (finished.code() == Errc::invalid_argument && run->run.live()) return;
-    delete run;
 }
 
 }  // namespace
@@ -95,75 +144,80 @@ extern "C" {
 
 devstage_status devstage_stager_create(devstage_backend* backend, const devstage_stager_config* config,
                                        devstage_stager** out) {
-    return created("devstage_stager_create", backend, out, [&](devstage_stager& handle) {
-        Result<std::unique_ptr<AnyStager>> made = make_stager(*handle.backend, config);
-        if (!made) return made.status();
-        if (!(*made)->status()) return (*made)->status();
-        handle.stager = std::move(*made);
-        handle.stager->set_error_sink(handle.sink.sink());
-        return Status();
+    return guarded("devstage_stager_create", [&] {
+        return created<StagerState>("devstage_stager_create", backend, out, [&](StagerState& state) {
+            Result<std::unique_ptr<AnyStager>> made = make_stager(*state.backend, config);
+            if (!made) return made.status();
+            if (!(*made)->status()) return (*made)->status();
+            state.stager = std::move(*made);
+            state.stager->set_error_sink(state.sink.sink());
+            return Status();
+        });
     });
 }
 
 devstage_status devstage_stager_destroy(devstage_stager* stager) {
-    return destroyed("devstage_stager_destroy", stager, &devstage_stager::stager);
+    return destroyed<StagerState>("devstage_stager_destroy", stager, &StagerState::stager);
 }
 
 devstage_status devstage_stager_set_error_sink(devstage_stager* stager, devstage_error_sink sink, void* context) {
-    return guarded("devstage_stager_set_error_sink", [&] {
-        if (stager == nullptr) return null_argument("devstage_stager_set_error_sink", "stager");
-        stager->sink.function = sink;  // the stager reports through stager->sink, installed at creation
-        stager->sink.context = context;
+    return on_stager("devstage_stager_set_error_sink", stager, [&](StagerState& s) {
+        s.sink.function = sink;  // the stager reports through s.sink, installed at creation
+        s.sink.context = context;
         return report(Status());
     });
 }
 
 devstage_status devstage_stager_release(devstage_stager* stager) {
-    return guarded("devstage_stager_release", [&] {
-        if (stager == nullptr) return null_argument("devstage_stager_release", "stager");
-        return report(stager->stager->release());
+    return on_stager("devstage_stager_release", stager, [&](StagerState& s) { return report(s.stager->release()); });
+}
+
+devstage_status devstage_stager_abandon(devstage_stager* stager) {
+    return on_stager("devstage_stager_abandon", stager, [&](StagerState& s) {
+        s.stager->abandon();
+        return report(Status());
     });
 }
 
 devstage_status devstage_stager_reserve(devstage_stager* stager, size_t bytes) {
-    return guarded("devstage_stager_reserve", [&] {
-        if (stager == nullptr) return null_argument("devstage_stager_reserve", "stager");
-        return report(stager->stager->reserve(bytes));
-    });
+    return on_stager("devstage_stager_reserve", stager,
+                     [&](StagerState& s) { return report(s.stager->reserve(bytes)); });
 }
 
 devstage_status devstage_bind(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
                               devstage_run** run) {
-    return bind_args("devstage_bind", stager, args, count, run,
-                     [](AnyStager& s, std::span<const devstage::TensorArg> a) { return s.bind(a); });
+    return bind_args("devstage_bind", stager, args, count, nullptr, run,
+                     [](AnyStager& s, std::span<const devstage::TensorArg> a, AnyStager::Stream) { return s.bind(a); });
 }
 
 devstage_status devstage_bind_on(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
                                  devstage_stream stream, devstage_run** run) {
-    return bind_args("devstage_bind_on", stager, args, count, run,
-                     [&](AnyStager& s, std::span<const devstage::TensorArg> a) { return s.bind(a, native(stream)); });
+    return bind_args(
+        "devstage_bind_on", stager, args, count, &stream, run,
+        [](AnyStager& s, std::span<const devstage::TensorArg> a, AnyStager::Stream on) { return s.bind(a, on); });
 }
 
 devstage_status devstage_bind_frame(devstage_stager* stager, const devstage_frame* frame, devstage_run** run) {
-    return bind_frame("devstage_bind_frame", stager, frame, run,
-                      [](AnyStager& s, const devstage::HostFrame& f) { return s.bind(f); });
+    return bind_frame("devstage_bind_frame", stager, frame, nullptr, run,
+                      [](AnyStager& s, const devstage::HostFrame& f, AnyStager::Stream) { return s.bind(f); });
 }
 
 devstage_status devstage_bind_frame_on(devstage_stager* stager, const devstage_frame* frame, devstage_stream stream,
                                        devstage_run** run) {
-    return bind_frame("devstage_bind_frame_on", stager, frame, run,
-                      [&](AnyStager& s, const devstage::HostFrame& f) { return s.bind(f, native(stream)); });
+    return bind_frame("devstage_bind_frame_on", stager, frame, &stream, run,
+                      [](AnyStager& s, const devstage::HostFrame& f, AnyStager::Stream on) { return s.bind(f, on); });
 }
 
 devstage_status devstage_run_device_args(const devstage_run* run, void** device_args, size_t count) {
     return guarded("devstage_run_device_args", [&] {
-        if (run == nullptr) return null_argument("devstage_run_device_args", "run");
-        if (!run->run.live()) {
+        const RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_run_device_args", run);
+        if (!r->run.live()) {
             return report(
                 Status(Errc::invalid_argument,
                        "devstage_run_device_args: the run is not live (its stager released or destroyed it)"));
         }
-        const auto args = run->run.device_args();
+        const auto args = r->run.device_args();
         if (count != args.size()) {
             return report(Status(Errc::invalid_argument,
                                  devstage::detail::message("devstage_run_device_args: count ", count,
@@ -177,19 +231,33 @@ devstage_status devstage_run_device_args(const devstage_run* run, void** device_
 
 devstage_status devstage_run_slot(const devstage_run* run, size_t* slot) {
     return guarded("devstage_run_slot", [&] {
-        if (run == nullptr) return null_argument("devstage_run_slot", "run");
+        const RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_run_slot", run);
         if (slot == nullptr) return null_argument("devstage_run_slot", "slot");
-        *slot = run->run.slot();
+        *slot = r->run.slot();
         return report(Status());
     });
 }
 
+devstage_status devstage_order_after_uploads(devstage_stager* stager, const devstage_run* run, devstage_stream stream) {
+    return on_stager("devstage_order_after_uploads", stager, [&](StagerState& s) {
+        const RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_order_after_uploads", run);
+        if (r->stager != s.self) return not_this_stager("devstage_order_after_uploads", "run");
+        devstage_status failed = DEVSTAGE_OK;
+        StreamState* on = stager_stream("devstage_order_after_uploads", stream, s, failed);
+        if (on == nullptr) return failed;
+        return report(s.stager->order_after_uploads(r->run, on->native));
+    });
+}
+
 devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devstage_status execution) {
-    return guarded("devstage_finish", [&] {
-        if (stager == nullptr) return null_argument("devstage_finish", "stager");
-        if (run == nullptr) return null_argument("devstage_finish", "run");
-        const Status finished = stager->stager->finish(std::move(run->run), execution_status(execution));
-        consume(run, finished);
+    return on_stager("devstage_finish", stager, [&](StagerState& s) {
+        RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_finish", run);
+        if (r->stager != s.self) return not_this_stager("devstage_finish", "run");
+        const Status finished = s.stager->finish(std::move(r->run), execution_status(execution));
+        take_back(run, r);  // a finish consumes the run, whatever it returns
         return report(finished);
     });
 }
@@ -199,42 +267,66 @@ devstage_status devstage_finish_on(devstage_stager* stager, devstage_run* run, d
     return guarded("devstage_finish_on", [&] {
         if (completion == nullptr) return null_argument("devstage_finish_on", "completion");
         *completion = nullptr;
-        if (stager == nullptr) return null_argument("devstage_finish_on", "stager");
-        if (run == nullptr) return null_argument("devstage_finish_on", "run");
-        // The handle exists before the run ends, so running out of host memory loses no completion.
-        auto handle = std::make_unique<devstage_completion>();
+        StagerState* s = find<StagerState>(stager);
+        if (s == nullptr) return bad_handle<StagerState>("devstage_finish_on", stager);
+        RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_finish_on", run);
+        if (r->stager != s->self) return not_this_stager("devstage_finish_on", "run");
+        devstage_status failed = DEVSTAGE_OK;
+        StreamState* on = stager_stream("devstage_finish_on", stream, *s, failed);
+        if (on == nullptr) return failed;  // the run is left as it was
+        // The state exists before the run ends, so running out of host memory loses no completion.
+        auto state = std::make_unique<CompletionState>();
+        state->stager = s->self;
         Result<devstage::Completion> done =
-            stager->stager->finish(std::move(run->run), native(stream), execution_status(execution));
-        consume(run, done.status());
+            s->stager->finish(std::move(r->run), on->native, execution_status(execution));
+        take_back(run, r);
         if (!done) return report(done.status());
-        handle->completion = std::move(*done);
-        *completion = handle.release();
+        state->completion = std::move(*done);
+        devstage_completion* handle = hand_out(std::move(state));
+        if (handle == nullptr) return no_handle("devstage_finish_on", HandleKind::completion);
+        *completion = handle;
         return report(Status());
     });
 }
 
 devstage_status devstage_run_destroy(devstage_run* run) {
     return guarded("devstage_run_destroy", [&] {
-        delete run;  // an unfinished run releases its memory without copying back
+        if (run == nullptr) return report(Status());
+        RunState* r = find<RunState>(run);
+        if (r == nullptr) return bad_handle<RunState>("devstage_run_destroy", run);
+        take_back(run, r);  // an unfinished run releases its memory without copying back
         return report(Status());
     });
 }
 
 devstage_status devstage_completion_wait(devstage_completion* completion) {
     return guarded("devstage_completion_wait", [&] {
-        if (completion == nullptr) return null_argument("devstage_completion_wait", "completion");
-        completion->waited = true;
-        return report(completion->completion.wait());
+        CompletionState* c = find<CompletionState>(completion);
+        if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_wait", completion);
+        c->waited = true;
+        return report(c->completion.wait());
     });
 }
 
 devstage_status devstage_completion_ready(devstage_completion* completion, int* ready) {
     return guarded("devstage_completion_ready", [&] {
-        if (completion == nullptr) return null_argument("devstage_completion_ready", "completion");
+        CompletionState* c = find<CompletionState>(completion);
+        if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_ready", completion);
         if (ready == nullptr) return null_argument("devstage_completion_ready", "ready");
-        Result<bool> answer = completion->completion.ready();
+        Result<bool> answer = c->completion.ready();
         if (!answer) return report(answer.status());
         *ready = *answer ? 1 : 0;
+        return report(Status());
+    });
+}
+
+devstage_status devstage_completion_pending(const devstage_completion* completion, int* pending) {
+    return guarded("devstage_completion_pending", [&] {
+        const CompletionState* c = find<CompletionState>(completion);
+        if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_pending", completion);
+        if (pending == nullptr) return null_argument("devstage_completion_pending", "pending");
+        *pending = c->completion.pending() ? 1 : 0;
         return report(Status());
     });
 }
@@ -242,8 +334,10 @@ devstage_status devstage_completion_ready(devstage_completion* completion, int* 
 devstage_status devstage_completion_destroy(devstage_completion* completion) {
     return guarded("devstage_completion_destroy", [&] {
         if (completion == nullptr) return report(Status());
-        const Status waited = completion->waited ? Status() : completion->completion.wait();
-        delete completion;
+        CompletionState* c = find<CompletionState>(completion);
+        if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_destroy", completion);
+        const Status waited = c->waited ? Status() : c->completion.wait();
+        take_back(completion, c);
         return report(waited);
     });
 }
@@ -253,9 +347,13 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
     return guarded("devstage_frame_create", [&] {
         if (frame == nullptr) return null_argument("devstage_frame_create", "frame");
         *frame = nullptr;
-        if (stager == nullptr) return null_argument("devstage_frame_create", "stager");
+        StagerState* s = find<StagerState>(stager);
+        if (s == nullptr) return bad_handle<StagerState>("devstage_frame_create", stager);
         if (shapes == nullptr && count > 0) return null_argument("devstage_frame_create", "shapes");
-        stager->shapes.resize(count);
+        if (Status sized = countable("devstage_frame_create", "shapes", count, sizeof(devstage_tensor_shape)); !sized) {
+            return report(sized);
+        }
+        s->shapes.resize(count);
         for (std::size_t i = 0; i < count; ++i) {
             const devstage_tensor_shape& shape = shapes[i];
             if (shape.direction != DEVSTAGE_IN && shape.direction != DEVSTAGE_OUT &&
@@ -263,32 +361,40 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
                 return report(invalid("devstage_frame_create", i, "direction", shape.direction,
                                       "DEVSTAGE_IN, DEVSTAGE_OUT or DEVSTAGE_IN_OUT"));
             }
-            stager->shapes[i] =
+            s->shapes[i] =
                 devstage::TensorShape{shape.bytes, static_cast<devstage::Direction>(shape.direction), shape.device};
         }
-        // The handle exists before the frame, so running out of host memory strands no slot.
-        auto handle = std::make_unique<devstage_frame>();
-        Result<devstage::HostFrame> made = stager->stager->frame(stager->shapes);
+        // The state exists before the frame, so running out of host memory strands no slot.
+        auto state = std::make_unique<FrameState>();
+        state->stager = s->self;
+        Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
-        handle->frame.emplace(*made);
-        *frame = handle.release();
+        state->frame.emplace(*made);
+        devstage_frame* handle = hand_out(std::move(state));
+        if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
+        *frame = handle;
         return report(Status());
     });
 }
 
 devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void** data, size_t* bytes) {
     return guarded("devstage_frame_host", [&] {
-        if (frame == nullptr) return null_argument("devstage_frame_host", "frame");
+        const FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_host", frame);
         if (data == nullptr) return null_argument("devstage_frame_host", "data");
         if (bytes == nullptr) return null_argument("devstage_frame_host", "bytes");
         *data = nullptr;
         *bytes = 0;
-        if (i >= frame->frame->size()) {
+        if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
+            return report(Status(Errc::invalid_argument,
+                                 "devstage_frame_host: the frame's stager was destroyed, and its memory with it"));
+        }
+        if (i >= f->frame->size()) {
             return report(Status(Errc::invalid_argument,
                                  devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
-                                                           frame->frame->size(), " tensors")));
+                                                           f->frame->size(), " tensors")));
         }
-        const auto host = frame->frame->host(i);
+        const auto host = f->frame->host(i);
         *data = host.data();
         *bytes = host.size();
         return report(Status());
@@ -297,16 +403,18 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
 
 devstage_status devstage_frame_destroy(devstage_frame* frame) {
     return guarded("devstage_frame_destroy", [&] {
-        delete frame;
+        if (frame == nullptr) return report(Status());
+        FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_destroy", frame);
+        take_back(frame, f);
         return report(Status());
     });
 }
 
 devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstage_stager_stats* stats) {
-    return guarded("devstage_stager_stats_get", [&] {
-        if (stager == nullptr) return null_argument("devstage_stager_stats_get", "stager");
+    return on_stager("devstage_stager_stats_get", stager, [&](const StagerState& state) {
         if (stats == nullptr) return null_argument("devstage_stager_stats_get", "stats");
-        const devstage::StagerStats& s = stager->stager->stats();
+        const devstage::StagerStats& s = state.stager->stats();
         *stats = devstage_stager_stats{s.runs,
                                        s.regrows,
                                        s.grow_failures,
@@ -338,7 +446,15 @@ devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstag
                                        s.copy_backs_skipped,
                                        s.zeroing_calls,
                                        s.zeroed_bytes,
-                                       s.zero_uploads};
+                                       s.zero_uploads,
+                                       s.batched_uploads,
+                                       s.batched_copy_backs,
+                                       s.batched_copies,
+                                       s.ring_uploads,
+                                       s.ring_copy_backs,
+                                       s.ring_chunks,
+                                       s.ring_waits,
+                                       s.ring_bytes};
         return report(Status());
     });
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "devstage/c/devstage.h"
+#include "devstage/detail/util/message.hpp"
 #include "handles.hpp"
 
 namespace devstage::capi {
@@ -46,6 +47,39 @@ Status execution_status(devstage_status execution) {
     const bool known = execution > DEVSTAGE_OK && execution <= DEVSTAGE_LEAKED;
     return Status(known ? static_cast<Errc>(execution) : Errc::backend_failure,
                   detail::message("the run's execution failed (", devstage_status_name(execution), ")"));
+}
+
+devstage_status no_handle(const char* function, HandleKind kind) noexcept {
+    return report(Status(Errc::out_of_memory, detail::message(function, ": no room for another ", kind_name(kind),
+                                                              " handle (host memory or handle table exhausted)")));
+}
+
+std::string backend_label(const AnyBackend& backend) {
+    return detail::message("backend '", backend.name(), "' #", backend.number());
+}
+
+devstage_status foreign(const char* function, const char* what, const AnyBackend& its, const AnyBackend& backend,
+                        const char* whose) noexcept {
+    try {
+        return fail(Errc::invalid_argument, detail::message(function, ": ", what, " of ", backend_label(its),
+                                                            " given to ", whose, backend_label(backend)));
+    } catch (...) {
+        return fail(Errc::invalid_argument, std::string());
+    }
+}
+
+StreamState* checked_stream(const char* function, devstage_stream handle, const AnyBackend& backend, const char* whose,
+                            devstage_status& failed) noexcept {
+    StreamState* stream = find<StreamState>(handle);
+    if (stream == nullptr) {
+        failed = bad_handle<StreamState>(function, handle);
+        return nullptr;
+    }
+    if (stream->owner->backend.get() != &backend) {
+        failed = foreign(function, "a stream", *stream->owner->backend, backend, whose);
+        return nullptr;
+    }
+    return stream;
 }
 
 void Sink::report(void* self, const Status& status) noexcept {

@@ -14,7 +14,7 @@ Result<BackendPtr> make_ascend_backend(int device, const char* library_path) {
     Result<AscendBackend> ascend =
         AscendBackend::create(static_cast<std::int32_t>(device), library_path != nullptr ? library_path : "");
     if (!ascend) return ascend.status();
-    return share(new Wrapped<AscendBackend>(std::move(*ascend)));
+    return share(new Wrapped<AscendBackend>(DEVSTAGE_BACKEND_ASCEND, std::move(*ascend)));
 }
 
 }  // namespace devstage::capi

@@ -12,7 +12,7 @@ namespace devstage::capi {
 Result<BackendPtr> make_cuda_backend(int device, const char* library_path) {
     Result<CudaBackend> cuda = CudaBackend::create(device, library_path != nullptr ? library_path : "");
     if (!cuda) return cuda.status();
-    return share(new Wrapped<CudaBackend>(std::move(*cuda)));
+    return share(new Wrapped<CudaBackend>(DEVSTAGE_BACKEND_CUDA, std::move(*cuda)));
 }
 
 }  // namespace devstage::capi

@@ -12,7 +12,7 @@ namespace devstage::capi {
 Result<BackendPtr> make_sim_backend(std::size_t device_capacity) {
     SimConfig config;
     if (device_capacity != 0) config.device_capacity = device_capacity;
-    return share(new Wrapped<SimBackend>(std::in_place, config));
+    return share(new Wrapped<SimBackend>(DEVSTAGE_BACKEND_SIM, std::in_place, config));
 }
 
 }  // namespace devstage::capi

@@ -88,6 +88,7 @@ public:
     std::string_view name() const noexcept override { return name_; }
     bool has_pinned() const noexcept override { return c_.pinned_malloc != nullptr; }
     bool has_streams() const noexcept override { return streams_; }
+    int kind() const noexcept override { return DEVSTAGE_BACKEND_CALLBACKS; }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept override {
         return allocate(c_.device_malloc, c_.device_free, device_, bytes, "device_malloc");
@@ -112,12 +113,14 @@ public:
     }
 
     Result<Stream> create_stream() noexcept override {
-        Result<void*> handle = made("create_stream", c_.create_stream, immediate_streams_);
+        Result<void*> handle =
+            made("create_stream", c_.create_stream, c_.destroy_stream, immediate_streams_, runtime_streams_);
         if (!handle) return handle.status();
         return Stream{*handle};
     }
     Status destroy_stream(Stream stream) noexcept override {
-        return destroyed("destroy_stream", "stream", c_.destroy_stream, immediate_streams_, stream.handle);
+        return destroyed("destroy_stream", "stream", c_.destroy_stream, immediate_streams_, runtime_streams_,
+                         stream.handle);
     }
     Status copy_to_device_async(void* dst, const void* src, std::size_t bytes, Stream stream) noexcept override {
         if (!streams_) {
@@ -134,12 +137,13 @@ public:
                     [&] { return c_.copy_from_device_async(c_.context, dst, src, bytes, stream.handle); });
     }
     Result<Event> create_event() noexcept override {
-        Result<void*> handle = made("create_event", c_.create_event, immediate_events_);
+        Result<void*> handle =
+            made("create_event", c_.create_event, c_.destroy_event, immediate_events_, runtime_events_);
         if (!handle) return handle.status();
         return Event{*handle};
     }
     Status destroy_event(Event event) noexcept override {
-        return destroyed("destroy_event", "event", c_.destroy_event, immediate_events_, event.handle);
+        return destroyed("destroy_event", "event", c_.destroy_event, immediate_events_, runtime_events_, event.handle);
     }
     Status record_event(Event event, Stream stream) noexcept override {
         if (streams_) return called(c_.record_event(c_.context, event.handle, stream.handle), "record_event");
@@ -192,9 +196,84 @@ public:
         return {};
     }
 
-    // Frees what was never freed through the callbacks, and says so.
+    // No batch callbacks: the stagers copy one by one.
+    std::size_t batch_copy_limit(Stream /*stream*/) const noexcept override { return 0; }
+    Status copy_to_device_batch(void* const* /*dsts*/, const void* const* /*srcs*/, const std::size_t* /*sizes*/,
+                                std::size_t count, Stream /*stream*/) noexcept override {
+        return no_batches(count);
+    }
+    Status copy_from_device_batch(void* const* /*dsts*/, const void* const* /*srcs*/, const std::size_t* /*sizes*/,
+                                  std::size_t count, Stream /*stream*/) noexcept override {
+        return no_batches(count);
+    }
+
+    // The runtime's streams are taken as they are (devstage cannot tell them); devstage's own
+    // immediate ones must be live. Neither has a default stream devstage knows of.
+    Result<Stream> adopt_stream(void* native) noexcept override {
+        if (native == nullptr) {
+            return Status(Errc::not_supported,
+                          detail::message("backend '", name_, "' #", number(),
+                                          ": no default stream to adopt (devstage cannot know the runtime's)"));
+        }
+        if (!streams_) {
+            if (Status s = known_stream("adopt_stream", Stream{native}); !s) return s;
+        }
+        return Stream{native};
+    }
+    Status launch_host_function(Stream stream, HostFunction function, void* user) noexcept override {
+        if (function == nullptr) {
+            return Status(Errc::invalid_argument, detail::message("backend '", name_, "': a null host function"));
+        }
+        if (!streams_) {
+            if (Status s = known_stream("launch_host_function", stream); !s) return s;
+            function(user);  // an immediate stream: its earlier work is done
+            return {};
+        }
+        if (c_.launch_host_function == nullptr) {
+            return Status(Errc::not_supported,
+                          detail::message("backend '", name_, "': no launch_host_function callback"));
+        }
+        return called(c_.launch_host_function(c_.context, stream.handle, function, user), "launch_host_function");
+    }
+    Status host_register(void* host, std::size_t bytes) noexcept override {
+        if (c_.host_register == nullptr) return no_register("host_register");
+        if (host == nullptr || bytes == 0) {
+            return Status(Errc::invalid_argument,
+                          detail::message("backend '", name_, "': host_register of ", bytes, " bytes at ",
+                                          static_cast<const void*>(host), ": nothing to pin"));
+        }
+        return called(c_.host_register(c_.context, host, bytes), "host_register", host, nullptr, bytes);
+    }
+    Status host_unregister(void* host) noexcept override {
+        if (c_.host_unregister == nullptr) return no_register("host_unregister");
+        const int result = c_.host_unregister(c_.context, host);
+        if (result == 0) return {};
+        return Status(Errc::backend_failure,
+                      detail::message("backend '", name_, "': host_unregister of ", static_cast<const void*>(host),
+                                      " failed: the callback returned ", result));
+    }
+    // Without streams nothing runs asynchronously: there is nothing to wait for.
+    Status synchronize() noexcept override {
+        if (!streams_) return {};
+        if (c_.synchronize == nullptr) {
+            return Status(Errc::not_supported, detail::message("backend '", name_, "': no synchronize callback"));
+        }
+        return called(c_.synchronize(c_.context), "synchronize");
+    }
+
+    // Frees what was never freed through the callbacks (events and streams first: their work
+    // may use the memory), and says so.
     Status close() noexcept override {
         std::size_t device_count = 0, device_bytes = 0, pinned_count = 0, pinned_bytes = 0;
+        std::size_t event_count = 0, stream_count = 0;
+        for (const auto& [event, unused] : runtime_events_.take()) {
+            (void)c_.destroy_event(c_.context, event);
+            ++event_count;
+        }
+        for (const auto& [stream, unused] : runtime_streams_.take()) {
+            (void)c_.destroy_stream(c_.context, stream);
+            ++stream_count;
+        }
         for (const auto& [pointer, bytes] : device_.take()) {
             c_.device_free(c_.context, pointer);
             ++device_count;
@@ -205,11 +284,15 @@ public:
             ++pinned_count;
             pinned_bytes += bytes;
         }
-        if (device_count + pinned_count == 0) return {};
+        if (device_count + pinned_count + event_count + stream_count == 0) return {};
+        const std::string handles = event_count + stream_count == 0
+                                        ? std::string()
+                                        : detail::message(", and ", stream_count, " stream(s) and ", event_count,
+                                                          " event(s) never destroyed (devstage destroyed them now)");
         return Status(Errc::leaked,
                       detail::message("backend '", name_, "' destroyed with ", device_count, " device allocation(s) (",
                                       device_bytes, " bytes) and ", pinned_count, " pinned allocation(s) (",
-                                      pinned_bytes, " bytes) never freed; devstage freed them now"));
+                                      pinned_bytes, " bytes) never freed; devstage freed them now", handles));
     }
 
 private:
@@ -266,16 +349,24 @@ private:
                                       " failed: the callback returned ", result));
     }
     // A new stream or event: the runtime's, or an immediate one of devstage's.
-    Result<void*> made(const char* what, int (*create)(void*, void**), ImmediateHandles& immediate) const noexcept {
+    // The runtime's are kept until destroyed, for close().
+    Result<void*> made(const char* what, int (*create)(void*, void**), int (*destroy)(void*, void*),
+                       ImmediateHandles& immediate, Allocations& runtime) noexcept {
         if (!streams_) return immediate.make();
         void* handle = nullptr;
         if (Status s = called(create(c_.context, &handle), what); !s) return s;
+        if (!runtime.add(handle, 0)) {
+            (void)destroy(c_.context, handle);
+            return Status(Errc::out_of_memory,
+                          detail::message("backend '", name_, "': ", what, ": host memory exhausted recording it"));
+        }
         return handle;
     }
     Status destroyed(const char* what, const char* kind, int (*destroy)(void*, void*), ImmediateHandles& immediate,
-                     void* handle) const noexcept {
-        if (streams_) return called(destroy(c_.context, handle), what);
-        return immediate.remove(handle) ? Status() : unknown(what, kind, handle);
+                     Allocations& runtime, void* handle) noexcept {
+        if (!streams_) return immediate.remove(handle) ? Status() : unknown(what, kind, handle);
+        (void)runtime.remove(handle);
+        return called(destroy(c_.context, handle), what);
     }
     template <class Copy>
     Status immediate_copy(const char* what, Stream stream, Copy&& copy) noexcept {
@@ -292,6 +383,14 @@ private:
         return Status(Errc::invalid_argument, detail::message("backend '", name_, "': ", what, ": ", kind, " ", handle,
                                                               " is not live (never created, or destroyed)"));
     }
+    Status no_batches(std::size_t count) const noexcept {
+        return Status(Errc::not_supported,
+                      detail::message("backend '", name_, "': a batch of ", count, " copies: no batch callbacks"));
+    }
+    Status no_register(const char* what) const noexcept {
+        return Status(Errc::not_supported, detail::message("backend '", name_, "': ", what,
+                                                           ": no host_register and host_unregister callbacks"));
+    }
     Status no_pinned(const char* what) const noexcept {
         return Status(Errc::not_supported, detail::message("backend '", name_, "': ", what,
                                                            ": no pinned host memory (the callbacks have no "
@@ -303,6 +402,7 @@ private:
     bool streams_;
     Allocations device_, pinned_;
     ImmediateHandles immediate_streams_, immediate_events_;
+    Allocations runtime_streams_, runtime_events_;  // the runtime's, until destroyed
 };
 
 // The names of the callbacks of `group` that are null, ", "-separated.
@@ -357,6 +457,18 @@ Result<BackendPtr> make_callback_backend(const devstage_callbacks& c) {
     if (none(streams) && c.device_memset_async != nullptr) {
         return Status(Errc::invalid_argument, "devstage_backend_create_callbacks: backend '" + name +
                                                   "': device_memset_async needs the stream callbacks");
+    }
+    if (none(streams) && c.launch_host_function != nullptr) {
+        return Status(Errc::invalid_argument, "devstage_backend_create_callbacks: backend '" + name +
+                                                  "': launch_host_function needs the stream callbacks");
+    }
+    const std::pair<const char*, bool> host_memory[] = {{"host_register", c.host_register != nullptr},
+                                                        {"host_unregister", c.host_unregister != nullptr}};
+    if (!none(host_memory) && !missing(host_memory).empty()) {
+        return Status(Errc::invalid_argument,
+                      "devstage_backend_create_callbacks: backend '" + name +
+                          "': pinning in place needs both host_register and host_unregister; missing " +
+                          missing(host_memory));
     }
     if (!none(streams) && !missing(streams).empty()) {
         return Status(Errc::invalid_argument, "devstage_backend_create_callbacks: backend '" + name +

@@ -37,6 +37,9 @@ public:
     Result<Completion> finish(StagedRun&& run, Stream stream, const Status& execution) noexcept override {
         return stager_.finish(std::move(run), stream, execution);
     }
+    Status order_after_uploads(const StagedRun& run, Stream stream) noexcept override {
+        return stager_.order_after_uploads(run, stream);
+    }
     Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept override {
         if constexpr (packs) {
             return stager_.frame(shapes);
@@ -58,6 +61,7 @@ public:
         }
     }
     Status release() noexcept override { return stager_.release(); }
+    void abandon() noexcept override { stager_.abandon(); }
     const StagerStats& stats() const noexcept override { return stager_.stats(); }
     const Status& status() const noexcept override { return stager_.status(); }
     void set_error_sink(ErrorSink sink) noexcept override { stager_.set_error_sink(sink); }

@@ -12,6 +12,7 @@
 
 #include "any_backend.hpp"
 #include "devstage/backend.hpp"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::capi {
@@ -41,13 +42,23 @@ class Wrapped final : public AnyBackend {
     using E = typename B::Event;
 
 public:
-    explicit Wrapped(B&& backend) noexcept : backend_(std::move(backend)) {}
+    /// `kind`: the DEVSTAGE_BACKEND_* value of B.
+    Wrapped(int kind, B&& backend) noexcept : kind_(kind), backend_(std::move(backend)) {}
     template <class... Args>
-    explicit Wrapped(std::in_place_t /*tag*/, Args&&... args) noexcept : backend_(std::forward<Args>(args)...) {}
+    Wrapped(int kind, std::in_place_t /*tag*/, Args&&... args) noexcept
+        : kind_(kind), backend_(std::forward<Args>(args)...) {}
 
     std::string_view name() const noexcept override { return backend_.name(); }
     bool has_pinned() const noexcept override { return true; }
     bool has_streams() const noexcept override { return true; }
+    int kind() const noexcept override { return kind_; }
+    int device() const noexcept override {
+        if constexpr (requires(const B& b) { b.device_id(); }) {
+            return static_cast<int>(backend_.device_id());
+        } else {
+            return 0;
+        }
+    }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept override { return backend_.device_malloc(bytes); }
     Status device_free(void* pointer) noexcept override { return backend_.device_free(pointer); }
@@ -90,10 +101,88 @@ public:
         return backend_.device_memset_async(dst, value, bytes, native(stream));
     }
 
+    std::size_t batch_copy_limit(Stream stream) const noexcept override {
+        if constexpr (BatchCopyBackend<B>) {
+            return backend_.batch_copy_limit(native(stream));
+        } else {
+            return 0;
+        }
+    }
+    Status copy_to_device_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
+                                Stream stream) noexcept override {
+        if constexpr (BatchCopyBackend<B>) {
+            return backend_.copy_to_device_batch(dsts, srcs, sizes, count, native(stream));
+        } else {
+            return unsupported("batches of copies");
+        }
+    }
+    Status copy_from_device_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                  std::size_t count, Stream stream) noexcept override {
+        if constexpr (BatchCopyBackend<B>) {
+            return backend_.copy_from_device_batch(dsts, srcs, sizes, count, native(stream));
+        } else {
+            return unsupported("batches of copies");
+        }
+    }
+
+    // A backend that can tell its streams (the simulator) checks a native value and has no
+    // default stream; the runtimes take any value, null being their default stream.
+    Result<Stream> adopt_stream(void* native_stream) noexcept override {
+        if constexpr (requires(B & b, S s) { b.has_stream(s); }) {
+            if (native_stream == nullptr) {
+                return Status(Errc::not_supported,
+                              detail::message("backend '", name(), "' #", number(), " has no default stream to adopt"));
+            }
+            if (!backend_.has_stream(from_pointer<S>(native_stream))) {
+                return Status(Errc::invalid_argument,
+                              detail::message("backend '", name(), "' #", number(), ": ", native_stream,
+                                              " is not one of its live streams"));
+            }
+        }
+        return Stream{native_stream};
+    }
+    Status launch_host_function(Stream stream, HostFunction function, void* user) noexcept override {
+        if constexpr (HostFunctionBackend<B>) {
+            if (function == nullptr) {
+                return Status(Errc::invalid_argument,
+                              detail::message("backend '", name(), "' #", number(), ": a null host function"));
+            }
+            return backend_.launch_host_func(native(stream), function, user);
+        } else {
+            return unsupported("host functions on streams");
+        }
+    }
+    Status host_register(void* host, std::size_t bytes) noexcept override {
+        if constexpr (HostRegisterBackend<B>) {
+            return backend_.host_register(host, bytes);
+        } else {
+            return unsupported("pinning existing host memory in place");
+        }
+    }
+    Status host_unregister(void* host) noexcept override {
+        if constexpr (HostRegisterBackend<B>) {
+            return backend_.host_unregister(host);
+        } else {
+            return unsupported("pinning existing host memory in place");
+        }
+    }
+    Status synchronize() noexcept override {
+        if constexpr (SynchronizingBackend<B>) {
+            return backend_.synchronize();
+        } else {
+            return unsupported("a device-wide synchronize");
+        }
+    }
+
 private:
+    Status unsupported(const char* what) const noexcept {
+        return Status(Errc::not_supported, detail::message("backend '", name(), "' #", number(), " has no ", what));
+    }
+
     static S native(Stream stream) noexcept { return from_pointer<S>(stream.handle); }
     static E native(Event event) noexcept { return from_pointer<E>(event.handle); }
 
+    int kind_;
     B backend_;
 };
 

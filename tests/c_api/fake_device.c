@@ -21,10 +21,10 @@ typedef struct block_list {
     size_t count, capacity;
 } block_list;
 
-enum op_kind { OP_COPY, OP_SET, OP_WAIT };
+enum op_kind { OP_COPY, OP_SET, OP_WAIT, OP_HOST };
 
-/* Enqueued work: a copy, a memset to `value`, or a wait for stream `stream` to have run
- * `position` ops. */
+/* Enqueued work: a copy, a memset to `value`, a wait for stream `stream` to have run
+ * `position` ops, or a host function fn(user). */
 typedef struct op {
     enum op_kind kind;
     unsigned char* dst;
@@ -32,6 +32,8 @@ typedef struct op {
     int value;
     size_t bytes;
     size_t stream, position;
+    devstage_host_function fn;
+    void* user;
 } op;
 
 /* A stream (its work: ops[head, count) have not run) or an event (complete once stream
@@ -53,7 +55,7 @@ struct fake_device {
     pthread_mutex_t lock;
     size_t capacity, used;
     int streams;
-    block_list device, pinned;
+    block_list device, pinned, registered;
     handle_table stream_table, event_table;
     unsigned calls[FAKE_OP_COUNT];
     unsigned fail_in[FAKE_OP_COUNT]; /* calls left until the failing one; 0: none */
@@ -71,7 +73,11 @@ enum request_kind {
     R_RECORD,
     R_READY,
     R_SYNCHRONIZE,
-    R_WAIT
+    R_WAIT,
+    R_SYNCHRONIZE_ALL,
+    R_HOST_FUNCTION,
+    R_REGISTER,
+    R_UNREGISTER
 };
 
 /* One callback's arguments and results. */
@@ -87,8 +93,10 @@ typedef struct request {
     size_t bytes;
     void* stream;
     void* event;
-    void* made; /* out: an allocation or a new handle */
-    int ready;  /* out: R_READY */
+    void* made;                /* out: an allocation or a new handle */
+    int ready;                 /* out: R_READY */
+    devstage_host_function fn; /* R_HOST_FUNCTION */
+    void* user;
 } request;
 
 /* `items` (of `count` elements of `size` bytes) with room for one more, or NULL (then `items`
@@ -163,6 +171,8 @@ static void run_op(fake_device* d, op o) {
         memcpy(o.dst, o.src, o.bytes);
     } else if (o.kind == OP_SET) {
         memset(o.dst, o.value, o.bytes);
+    } else if (o.kind == OP_HOST) {
+        o.fn(o.user);
     } else {
         run_until(d, o.stream, o.position);
     }
@@ -250,6 +260,42 @@ static int serve(fake_device* d, request* r) {
             o.stream = e->stream;
             o.position = e->position;
             return enqueue(s, o);
+        case R_SYNCHRONIZE_ALL: {
+            size_t i;
+            for (i = 0; i < d->stream_table.count; ++i) run_until(d, i + 1, d->stream_table.items[i].count);
+            return 0;
+        }
+        case R_HOST_FUNCTION:
+            if (s == NULL || r->fn == NULL) return -22;
+            o.kind = OP_HOST;
+            o.fn = r->fn;
+            o.user = r->user;
+            return enqueue(s, o);
+        case R_REGISTER: {
+            size_t i;
+            const unsigned char* at = (const unsigned char*)r->dst;
+            block* items;
+            for (i = 0; i < d->registered.count; ++i) {
+                const block* b = &d->registered.items[i];
+                if (at < b->data + b->bytes && b->data < at + r->bytes) return -22; /* twice, or overlapping */
+            }
+            items = (block*)grown(d->registered.items, &d->registered.capacity, d->registered.count, sizeof(block));
+            if (items == NULL) return -12;
+            d->registered.items = items;
+            items[d->registered.count].data = (unsigned char*)r->dst;
+            items[d->registered.count].bytes = r->bytes;
+            ++d->registered.count;
+            return 0;
+        }
+        case R_UNREGISTER: {
+            size_t i;
+            for (i = 0; i < d->registered.count; ++i) {
+                if (d->registered.items[i].data != r->dst) continue;
+                d->registered.items[i] = d->registered.items[--d->registered.count];
+                return 0;
+            }
+            return -22;
+        }
     }
     return -22;
 }
@@ -349,6 +395,23 @@ static int stream_wait_event(void* context, void* stream, void* event) {
     return on_handles(context, R_WAIT, FAKE_STREAM_WAIT_EVENT, stream, event, NULL);
 }
 
+static int synchronize(void* context) {
+    request r = {.kind = R_SYNCHRONIZE_ALL, .op = FAKE_SYNCHRONIZE};
+    return locked(context, &r);
+}
+static int launch_host_function(void* context, void* stream, devstage_host_function fn, void* user) {
+    request r = {.kind = R_HOST_FUNCTION, .op = FAKE_LAUNCH_HOST_FUNCTION, .stream = stream, .fn = fn, .user = user};
+    return locked(context, &r);
+}
+static int host_register(void* context, void* host, size_t bytes) {
+    request r = {.kind = R_REGISTER, .op = FAKE_HOST_REGISTER, .dst = host, .bytes = bytes};
+    return locked(context, &r);
+}
+static int host_unregister(void* context, void* host) {
+    request r = {.kind = R_UNREGISTER, .op = FAKE_HOST_REGISTER, .dst = host};
+    return locked(context, &r);
+}
+
 /* ---- the device ------------------------------------------------------------------------ */
 
 fake_device* fake_device_create(size_t capacity, int streams) {
@@ -368,6 +431,7 @@ void fake_device_destroy(fake_device* d) {
     for (i = 0; i < d->stream_table.count; ++i) free(d->stream_table.items[i].ops);
     free(d->device.items);
     free(d->pinned.items);
+    free(d->registered.items);
     free(d->stream_table.items);
     free(d->event_table.items);
     pthread_mutex_destroy(&d->lock);
@@ -385,7 +449,11 @@ void fake_device_callbacks(fake_device* d, devstage_callbacks* c) {
     c->pinned_malloc = pinned_malloc;
     c->pinned_free = pinned_free;
     c->device_memset = device_memset;
+    c->host_register = host_register;
+    c->host_unregister = host_unregister;
     if (!d->streams) return;
+    c->synchronize = synchronize;
+    c->launch_host_function = launch_host_function;
     c->device_memset_async = device_memset_async;
     c->create_stream = create_stream;
     c->destroy_stream = destroy_stream;
@@ -405,7 +473,7 @@ void fake_device_fail(fake_device* d, fake_op op, unsigned k) {
     pthread_mutex_unlock(&d->lock);
 }
 
-enum count_kind { C_CALLS, C_DEVICE, C_PINNED, C_STREAMS, C_EVENTS, C_PENDING };
+enum count_kind { C_CALLS, C_DEVICE, C_PINNED, C_STREAMS, C_EVENTS, C_PENDING, C_REGISTERED };
 
 /* A counter, read under the lock (the device is shared between threads). */
 static size_t counted(const fake_device* device, enum count_kind kind, fake_op op) {
@@ -421,6 +489,9 @@ static size_t counted(const fake_device* device, enum count_kind kind, fake_op o
             break;
         case C_PINNED:
             n = d->pinned.count;
+            break;
+        case C_REGISTERED:
+            n = d->registered.count;
             break;
         case C_STREAMS:
         case C_PENDING:
@@ -454,4 +525,7 @@ size_t fake_device_live_events(const fake_device* d) {
 }
 size_t fake_device_pending(const fake_device* d) {
     return counted(d, C_PENDING, FAKE_OP_COUNT);
+}
+size_t fake_device_registered(const fake_device* d) {
+    return counted(d, C_REGISTERED, FAKE_OP_COUNT);
 }

@@ -35,6 +35,9 @@ typedef enum fake_op {
     FAKE_SYNCHRONIZE_EVENT,
     FAKE_STREAM_WAIT_EVENT,
     FAKE_DEVICE_MEMSET, /* both memsets */
+    FAKE_SYNCHRONIZE,
+    FAKE_LAUNCH_HOST_FUNCTION,
+    FAKE_HOST_REGISTER, /* both host_register and host_unregister */
     FAKE_OP_COUNT
 } fake_op;
 
@@ -45,7 +48,7 @@ fake_device* fake_device_create(size_t capacity, int streams);
 /* Frees what is still allocated. */
 void fake_device_destroy(fake_device* device);
 /* The callbacks of `device`, named "fake" (context: the device): every one, memsets included
- * (device_memset_async with streams only). */
+ * (device_memset_async, synchronize and launch_host_function with streams only). */
 void fake_device_callbacks(fake_device* device, devstage_callbacks* callbacks);
 
 /* The k-th call of `op` from now (1-based) fails; 0 clears it. */
@@ -59,6 +62,8 @@ size_t fake_device_live_pinned(const fake_device* device);
 size_t fake_device_live_streams(const fake_device* device);
 size_t fake_device_live_events(const fake_device* device);
 size_t fake_device_pending(const fake_device* device);
+/* Host ranges registered now. */
+size_t fake_device_registered(const fake_device* device);
 
 #ifdef __cplusplus
 }

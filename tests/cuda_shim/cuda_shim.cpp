@@ -11,11 +11,15 @@
 // (a record on another device's stream is refused); virtual memory with reservations,
 // physical chunks and mappings that are accessible only after cuMemSetAccess.
 // Streams are immediate: enqueued work runs inside the call, host functions too (on the
-// calling thread); a CUDA call from inside a host function is refused with
+// calling thread); the legacy default stream (0, cudaStreamLegacy) is a stream of the current
+// device; a CUDA call from inside a host function is refused with
 // cudaErrorNotPermitted, as CUDA documents it may be. A copy with a null pointer is
 // cudaErrorInvalidValue. cudaEventQuery answers cudaErrorNotReady as often as a test asks.
-// cudaPointerGetAttributes answers from the allocations: cudaHostAlloc memory is host
-// (page-locked), cudaMalloc and mapped memory device, any other address unregistered.
+// cudaPointerGetAttributes answers from the allocations: cudaHostAlloc and cudaHostRegister
+// memory is host (page-locked), cudaMalloc and mapped memory device, any other address
+// unregistered. cudaHostRegister refuses a range overlapping a registered one or a
+// cudaHostAlloc allocation (cudaErrorHostMemoryAlreadyRegistered); cudaHostUnregister a
+// pointer that starts no registered range (cudaErrorHostMemoryNotRegistered).
 // Test control: the cuda_shim_* functions.
 //
 // cudaMemcpyBatchAsync copies in order, each copy checked as cudaMemcpyAsync checks it, and
@@ -51,6 +55,8 @@ constexpr cudaError_t cudaErrorMemoryAllocation = 2;
 constexpr cudaError_t cudaErrorInvalidMemcpyDirection = 21;
 constexpr cudaError_t cudaErrorInvalidDevice = 101;
 constexpr cudaError_t cudaErrorInvalidResourceHandle = 400;
+constexpr cudaError_t cudaErrorHostMemoryAlreadyRegistered = 712;
+constexpr cudaError_t cudaErrorHostMemoryNotRegistered = 713;
 constexpr cudaError_t cudaErrorNotReady = 600;
 constexpr cudaError_t cudaErrorNotPermitted = 800;
 [[maybe_unused]] constexpr CUresult CUDA_SUCCESS = 0;
@@ -109,6 +115,7 @@ std::mutex mutex;
 std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34};
 std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
+std::map<std::uintptr_t, std::size_t> registered;  // cudaHostRegister ranges
 std::map<void*, Stream*> streams;
 std::map<void*, Event*> events;
 std::map<std::uintptr_t, std::size_t> reservations;
@@ -180,6 +187,14 @@ bool inside(const void* pointer, std::size_t bytes, bool device) {
     const Allocation& a = next->second;
     if ((a.device >= 0) != device) return false;
     return address - next->first <= a.bytes && bytes <= a.bytes - (address - next->first);
+}
+
+// The device of a stream: a created one's, or the current device for the legacy default stream
+// (0, or cudaStreamLegacy); -1 for an unknown stream.
+int device_of_stream(cudaStream_t stream) {
+    if (stream == nullptr || reinterpret_cast<std::uintptr_t>(stream) == 1) return current_device;
+    const auto found = streams.find(stream);
+    return found == streams.end() ? -1 : found->second->device;
 }
 
 cudaError_t copy(void* dst, const void* src, std::size_t count, int kind) {
@@ -357,6 +372,38 @@ cudaError_t cudaFreeHost(void* pointer) {
     if (found == allocations.end() || found->second.device >= 0) return cudaErrorInvalidValue;
     allocations.erase(found);
     std::free(pointer);
+    return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* pointer, std::size_t size, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaHostRegister", code)) return code;
+    touch();
+    if (pointer == nullptr || size == 0 || flags > 0xF) return cudaErrorInvalidValue;
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    const auto overlaps = [&](const auto& ranges, auto bytes_of) {  // bytes_of: 0 for what cannot overlap
+        auto it = ranges.upper_bound(address);
+        if (it != ranges.begin()) --it;
+        for (; it != ranges.end() && it->first < address + size; ++it) {
+            if (it->first + bytes_of(it->second) > address && bytes_of(it->second) > 0) return true;
+        }
+        return false;
+    };
+    if (overlaps(registered, [](std::size_t bytes) { return bytes; }) ||
+        overlaps(allocations, [](const Allocation& a) { return a.device < 0 ? a.bytes : std::size_t{0}; })) {
+        return cudaErrorHostMemoryAlreadyRegistered;
+    }
+    registered[address] = size;
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* pointer) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaHostUnregister", code)) return code;
+    touch();
+    if (registered.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0) return cudaErrorHostMemoryNotRegistered;
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) {
@@ -554,9 +601,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (injected("cudaEventRecord", code)) return code;
     touch();
     const auto found = events.find(event);
-    const auto on = streams.find(stream);
-    if (found == events.end() || on == streams.end()) return cudaErrorInvalidResourceHandle;
-    if (found->second->device != on->second->device) return cudaErrorInvalidResourceHandle;
+    const int device = device_of_stream(stream);
+    if (found == events.end() || device < 0) return cudaErrorInvalidResourceHandle;
+    if (found->second->device != device) return cudaErrorInvalidResourceHandle;
     found->second->recorded = true;
     return cudaSuccess;
 }
@@ -589,7 +636,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaStreamWaitEvent", code)) return code;
-    if (streams.count(stream) == 0 || events.count(event) == 0) return cudaErrorInvalidResourceHandle;
+    if (device_of_stream(stream) < 0 || events.count(event) == 0) return cudaErrorInvalidResourceHandle;
     last_wait_flags = flags;
     return cudaSuccess;
 }
@@ -599,7 +646,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, void (*function)(void*), voi
         std::lock_guard lock(mutex);
         int code;
         if (injected("cudaLaunchHostFunc", code)) return code;
-        if (streams.count(stream) == 0 || function == nullptr) return cudaErrorInvalidResourceHandle;
+        if (device_of_stream(stream) < 0 || function == nullptr) return cudaErrorInvalidResourceHandle;
     }
     in_host_function = true;
     function(user_data);
@@ -627,11 +674,18 @@ cudaError_t cudaPointerGetAttributes(PointerAttributes* attributes, const void* 
         *attributes = PointerAttributes{2, current_device, const_cast<void*>(pointer), nullptr};
         return cudaSuccess;
     }
+    void* const at = const_cast<void*>(pointer);
+    if (auto range = registered.upper_bound(address); range != registered.begin()) {
+        --range;
+        if (address - range->first < range->second) {
+            *attributes = PointerAttributes{1, current_device, at, at};
+            return cudaSuccess;
+        }
+    }
     auto next = allocations.upper_bound(address);
     if (next == allocations.begin()) return cudaSuccess;
     --next;
     if (address - next->first >= next->second.bytes) return cudaSuccess;
-    void* const at = const_cast<void*>(pointer);
     const int device = next->second.device;
     *attributes = device < 0 ? PointerAttributes{1, current_device, at, at} : PointerAttributes{2, device, at, nullptr};
     return cudaSuccess;

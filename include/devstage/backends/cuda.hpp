@@ -20,6 +20,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/backends/cuda_abi.hpp"
+#include "devstage/backends/detail/cuda_host_register.hpp"
 #include "devstage/backends/detail/cuda_vmm.hpp"
 #include "devstage/backends/detail/dynamic_library.hpp"
 #include "devstage/backends/detail/runtime_call.hpp"
@@ -66,6 +67,7 @@ public:
         backend.device_ = device_id;
         if (Status resolved = backend.resolve(); !resolved) return resolved;
         detail::resolve_cuda_batch(backend.library_, backend.batch_);
+        backend.host_memory_.resolve(backend.library_);
         int count = 0;
         if (Status s = detail::checked_call(backend.errors_, backend.site(), "cudaGetDeviceCount", 0,
                                             backend.api_.get_device_count, &count);
@@ -87,6 +89,7 @@ public:
           api_(other.api_),
           errors_(other.errors_),
           batch_(other.batch_),
+          host_memory_(other.host_memory_),
           device_(other.device_),
           vmm_(std::move(other.vmm_)) {}
     CudaBackend& operator=(CudaBackend&&) = delete;
@@ -212,6 +215,18 @@ public:
         return call("cudaLaunchHostFunc", api_.launch_host_func, 0, stream.handle, function, user_data);
     }
 
+    /// cudaHostRegister(host, bytes, cudaHostRegisterPortable): pins existing host memory in
+    /// place, for every device. Registered already or overlapping: invalid_argument.
+    Status host_register(void* host, std::size_t bytes) noexcept {
+        if (Status bound = bind(); !bound) return bound;
+        return host_memory_.register_range(errors_, site(), host, bytes);
+    }
+    /// cudaHostUnregister; a pointer never registered is unknown_pointer.
+    Status host_unregister(void* host) noexcept {
+        if (Status bound = bind(); !bound) return bound;
+        return host_memory_.unregister(errors_, site(), host);
+    }
+
     // ---- batches of copies: cudaMemcpyBatchAsync (CUDA 12.8 and later) ----------------------
     // Resolved when the runtime exports it; its form by cudaRuntimeGetVersion (12.8 and 12.9
     // take a failIdx argument before the stream, 13.0 does not). Every copy of a batch reads its
@@ -325,6 +340,7 @@ private:
     detail::CudaRuntimeApi api_;
     detail::CudaRuntimeErrors errors_;
     detail::CudaBatchApi batch_;
+    detail::CudaHostRegisterApi host_memory_;
     int device_ = 0;
     detail::CudaVirtualMemory vmm_;
 };
@@ -339,6 +355,7 @@ static_assert(HostFunctionBackend<CudaBackend>);
 static_assert(VirtualMemoryBackend<CudaBackend>);
 static_assert(PinnedQueryBackend<CudaBackend>);
 static_assert(BatchCopyBackend<CudaBackend>);
+static_assert(HostRegisterBackend<CudaBackend>);
 
 }  // namespace devstage
 

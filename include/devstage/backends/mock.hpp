@@ -30,6 +30,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/backends/detail/address_map.hpp"
+#include "devstage/backends/detail/host_registry.hpp"
 #include "devstage/backends/detail/mock_engine.hpp"
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/detail/mock_streams.hpp"
@@ -231,6 +232,10 @@ public:
         return streams_.launch_host_func(lock, stream.id, function, user_data);
     }
 
+    /// Host memory pinned in place, checked and journaled; unpinning what pending work uses: busy.
+    Status host_register(void* host, std::size_t bytes) noexcept;
+    Status host_unregister(void* host) noexcept;
+
     /// Where the leak report goes on destruction.
     void set_error_sink(ErrorSink sink) noexcept {
         std::lock_guard lock(mutex_);
@@ -350,6 +355,7 @@ public:
         };
         describe("device", device_);
         describe("pinned", pinned_);
+        registered_.report_leaks(report, "mock");
         engine_.report_leaks(report);
         streams_.report_leaks(report);
         if (!report.empty()) report.pop_back();
@@ -418,6 +424,7 @@ private:
     mutable std::mutex mutex_;
     Blocks device_;
     Blocks pinned_;
+    detail::HostRegistry registered_;
     std::set<const void*> freed_;
     std::size_t device_bytes_ = 0;
     detail::MockRecorder recorder_{config_.journal};
@@ -433,6 +440,7 @@ static_assert(AsyncBackend<MockBackend>);
 static_assert(HostFunctionBackend<MockBackend>);
 static_assert(AsyncMemsetBackend<MockBackend>);
 static_assert(BatchCopyBackend<MockBackend>);
+static_assert(HostRegisterBackend<MockBackend>);
 
 }  // namespace devstage
 

@@ -297,7 +297,15 @@ public:
         return vmm_.unmap(address, bytes);
     }
 
-    /// True when `pointer` lies in one of this backend's pinned allocations.
+    /// Pins existing host memory in place (HostRegisterBackend), mlock'd where allowed: copies
+    /// from and to it are direct, and is_pinned says so. host_unregister waits until every
+    /// stream is idle, then unpins (backends/detail/sim_host_memory.hpp).
+    Status host_register(void* host, std::size_t bytes) noexcept;
+    Status host_unregister(void* host) noexcept;
+    /// True when `stream` is a live stream of this backend.
+    bool has_stream(Stream stream) noexcept;
+
+    /// True when `pointer` lies in one of this backend's pinned allocations or registered ranges.
     bool is_pinned(const void* pointer) const noexcept {
         std::lock_guard lock(mutex_);
         return memory_.pinned_contains(pointer, 1);
@@ -417,9 +425,11 @@ static_assert(AsyncBackend<SimBackend>);
 static_assert(HostFunctionBackend<SimBackend>);
 static_assert(AsyncMemsetBackend<SimBackend>);
 static_assert(PinnedQueryBackend<SimBackend>);
+static_assert(HostRegisterBackend<SimBackend>);
 
 }  // namespace devstage
 
 #include "devstage/backends/detail/sim_async_copies.hpp"  // IWYU pragma: export
+#include "devstage/backends/detail/sim_host_memory.hpp"   // IWYU pragma: export
 
 #endif  // DEVSTAGE_CXX20

@@ -16,7 +16,10 @@
  * Conventions. Every function returns a devstage_status; DEVSTAGE_OK is success. After a call
  * that did not return DEVSTAGE_OK, devstage_last_message() gives its message (which operation,
  * which sizes, which backend); a failed call takes nothing and leaves its outputs NULL. Handles
- * are opaque; each kind has a destroy function that accepts NULL. Stagers and pools keep their
+ * are opaque and checked: a destroyed, used-up or made-up handle, or one of another kind, is
+ * DEVSTAGE_INVALID_ARGUMENT naming it, never a read of memory that is gone (a handle is not an
+ * address, and an old one never reaches a new object). Each kind has a destroy function that
+ * accepts NULL. Stagers and pools keep their
  * backend alive, so handles may be destroyed in any order (a frame's memory, though, lives with
  * its stager). A stager, its runs, frames and completions are used from one thread; backends
  * and pinned pools are thread-safe.
@@ -67,10 +70,17 @@ DEVSTAGE_C_API const char* devstage_status_name(devstage_status status);
 
 typedef struct devstage_backend devstage_backend;
 
-/* A stream or an event of a backend: the runtime's own handle (a cudaStream_t, an aclrtStream,
- * what a create_stream callback returned) or one the simulator made, cast to this type. */
+/* A stream or an event of a backend: a devstage handle wrapping the runtime's own (a
+ * cudaStream_t, an aclrtStream, what a create_stream callback returned, a simulator stream),
+ * made by devstage_stream_create / devstage_event_create or, for a stream, adopted with
+ * devstage_stream_adopt. Each belongs to the backend it was made through: another backend's
+ * is refused. A backend's streams and events need its handle to be destroyed, so the backend
+ * handle cannot be destroyed before them (DEVSTAGE_BUSY). */
 typedef struct devstage_stream_handle* devstage_stream;
 typedef struct devstage_event_handle* devstage_event;
+
+/* A function run on a stream (devstage_launch_host_function). */
+typedef void (*devstage_host_function)(void* user);
 
 /* The simulator: device memory emulated in host memory, page-locked pinned memory, a worker
  * thread per stream. device_capacity: bytes device_malloc may hand out (0: 64 GiB). */
@@ -126,17 +136,31 @@ typedef struct devstage_callbacks {
      * device_memset_async needs the stream callbacks. Without them devstage uploads zeros. */
     int (*device_memset)(void* context, void* device_dst, int value, size_t bytes);
     int (*device_memset_async)(void* context, void* device_dst, int value, size_t bytes, void* stream);
+
+    /* Optional: waits until all work on every stream completed (a device-wide synchronize).
+     * Stagers use it to recover when waiting for one run's event failed. */
+    int (*synchronize)(void* context);
+    /* Optional, needs the stream callbacks: enqueues fn(user) on `stream`, run once the work
+     * enqueued there before it completed; later work there waits for it to return. */
+    int (*launch_host_function)(void* context, void* stream, devstage_host_function fn, void* user);
+    /* Optional, both or neither: pins existing host memory in place, and undoes it. */
+    int (*host_register)(void* context, void* host, size_t bytes);
+    int (*host_unregister)(void* context, void* host);
 } devstage_callbacks;
 
 /* A backend over `callbacks` (copied). A required callback missing, a group given in part, or
- * device_memset_async without streams is DEVSTAGE_INVALID_ARGUMENT naming what is missing. */
+ * device_memset_async or launch_host_function without streams is DEVSTAGE_INVALID_ARGUMENT
+ * naming what is missing. Fields are only ever appended to devstage_callbacks: a
+ * zero-initialized struct keeps working, but a program must be compiled against the header of
+ * the library it loads (the struct is read in full). */
 DEVSTAGE_C_API devstage_status devstage_backend_create_callbacks(const devstage_callbacks* callbacks,
                                                                  devstage_backend** out);
 
 /* Gives up the caller's reference. Stagers and pools made from the backend keep it alive; the
  * backend is destroyed with the last of them. A callbacks backend then frees what was allocated
  * through it and never freed, and reports it: DEVSTAGE_LEAKED when this call destroys it, a
- * line on stderr when a stager or pool does. */
+ * line on stderr when a stager or pool does. DEVSTAGE_BUSY, taking nothing, while streams or
+ * events made through this handle are not destroyed. */
 DEVSTAGE_C_API devstage_status devstage_backend_destroy(devstage_backend* backend);
 
 /* What a backend is and offers. */
@@ -147,6 +171,21 @@ typedef struct devstage_backend_info {
 } devstage_backend_info;
 
 DEVSTAGE_C_API devstage_status devstage_backend_get_info(const devstage_backend* backend, devstage_backend_info* info);
+
+/* Which runtime a backend is, and its device: the CUDA or ACL device id, 0 for the simulator
+ * and callbacks. */
+enum devstage_backend_kind_value {
+    DEVSTAGE_BACKEND_SIM = 0,
+    DEVSTAGE_BACKEND_CUDA = 1,
+    DEVSTAGE_BACKEND_ASCEND = 2,
+    DEVSTAGE_BACKEND_CALLBACKS = 3
+};
+DEVSTAGE_C_API devstage_status devstage_backend_device(const devstage_backend* backend, int* kind, int* device);
+
+/* Blocks until all work on every stream of the device completed (cudaDeviceSynchronize,
+ * aclrtSynchronizeDevice, the simulator's, the synchronize callback); DEVSTAGE_NOT_SUPPORTED
+ * for a callbacks backend without it. Without stream callbacks there is nothing to wait for. */
+DEVSTAGE_C_API devstage_status devstage_backend_synchronize(devstage_backend* backend);
 
 /* Device memory, for tensors that stay on the device (weights, a KV cache). */
 DEVSTAGE_C_API devstage_status devstage_device_malloc(devstage_backend* backend, size_t bytes, void** device);
@@ -160,9 +199,21 @@ DEVSTAGE_C_API devstage_status devstage_copy_from_device(devstage_backend* backe
 DEVSTAGE_C_API devstage_status devstage_pinned_malloc(devstage_backend* backend, size_t bytes, void** host);
 DEVSTAGE_C_API devstage_status devstage_pinned_free(devstage_backend* backend, void* host);
 
-/* Streams: the caller owns the streams it creates and destroys them. */
+/* Streams. devstage_stream_create makes a runtime stream owned by the handle;
+ * devstage_stream_destroy frees the handle and destroys the stream it made (an adopted one is
+ * left to its owner). The handle is freed even when the runtime fails to destroy its stream
+ * (that failure is returned). */
 DEVSTAGE_C_API devstage_status devstage_stream_create(devstage_backend* backend, devstage_stream* stream);
 DEVSTAGE_C_API devstage_status devstage_stream_destroy(devstage_backend* backend, devstage_stream stream);
+/* Wraps an existing runtime stream (a cudaStream_t, an aclrtStream, a stream of the callbacks'
+ * runtime; for the simulator the native value of one of its streams) in a handle; devstage never
+ * destroys it. NULL: the runtime's default stream (CUDA's legacy default stream, ACL's default
+ * stream); DEVSTAGE_NOT_SUPPORTED where there is none (the simulator, callbacks). A value the
+ * backend can tell is not one of its live streams (the simulator's, devstage's immediate ones)
+ * is DEVSTAGE_INVALID_ARGUMENT. */
+DEVSTAGE_C_API devstage_status devstage_stream_adopt(devstage_backend* backend, void* native, devstage_stream* stream);
+/* The runtime's handle of `stream` (to launch kernels on a stream devstage made). */
+DEVSTAGE_C_API devstage_status devstage_stream_native(devstage_stream stream, void** native);
 /* Blocks until the work enqueued on `stream` so far completed. */
 DEVSTAGE_C_API devstage_status devstage_stream_synchronize(devstage_backend* backend, devstage_stream stream);
 DEVSTAGE_C_API devstage_status devstage_copy_to_device_async(devstage_backend* backend, void* device_dst,
@@ -183,6 +234,24 @@ DEVSTAGE_C_API devstage_status devstage_event_synchronize(devstage_backend* back
 /* Work enqueued on `stream` afterwards waits for `event`; the host does not block. */
 DEVSTAGE_C_API devstage_status devstage_stream_wait_event(devstage_backend* backend, devstage_stream stream,
                                                           devstage_event event);
+
+/* Enqueues fn(user) on `stream`: it runs in stream order, after the work enqueued there before
+ * it, and later work there waits for it (a kernel written in the host language).
+ * cudaLaunchHostFunc on CUDA (fn must not call CUDA); the stream's worker thread on the
+ * simulator; the launch_host_function callback; at once on an immediate stream (a callbacks
+ * backend without streams). DEVSTAGE_NOT_SUPPORTED on Ascend and on callbacks without it. */
+DEVSTAGE_C_API devstage_status devstage_launch_host_function(devstage_backend* backend, devstage_stream stream,
+                                                             devstage_host_function fn, void* user);
+
+/* Pins existing host memory [host, host + bytes) in place for the backend's copies
+ * (cudaHostRegister with cudaHostRegisterPortable; mlock and the simulator's pinned accounting;
+ * the host_register callback), until devstage_host_unregister(backend, host). NULL, 0 bytes, a
+ * range registered already or overlapping one: DEVSTAGE_INVALID_ARGUMENT; unregistering a
+ * pointer that starts no registered range: DEVSTAGE_UNKNOWN_POINTER (callbacks: what they
+ * return). DEVSTAGE_NOT_SUPPORTED on Ascend (aclrtHostRegister only maps memory for the device)
+ * and on callbacks without them. */
+DEVSTAGE_C_API devstage_status devstage_host_register(devstage_backend* backend, void* host, size_t bytes);
+DEVSTAGE_C_API devstage_status devstage_host_unregister(devstage_backend* backend, void* host);
 
 /* ---- stagers ----------------------------------------------------------------------------- */
 
@@ -252,6 +321,10 @@ DEVSTAGE_C_API devstage_status devstage_stager_set_error_sink(devstage_stager* s
                                                               void* context);
 /* Gives back all device memory now (waiting for pending work); the stager stays usable. */
 DEVSTAGE_C_API devstage_status devstage_stager_release(devstage_stager* stager);
+/* Forgets all device memory, pending work and events without calling the backend, for after a
+ * device reset made them invalid (Stager::abandon): live runs become inert, completions still
+ * pending resolve with DEVSTAGE_BACKEND_FAILURE. The stager stays usable. */
+DEVSTAGE_C_API devstage_status devstage_stager_abandon(devstage_stager* stager);
 /* Grows every slot to at least `bytes` now (retained strategy only). */
 DEVSTAGE_C_API devstage_status devstage_stager_reserve(devstage_stager* stager, size_t bytes);
 
@@ -292,6 +365,12 @@ DEVSTAGE_C_API devstage_status devstage_bind_on(devstage_stager* stager, const d
 DEVSTAGE_C_API devstage_status devstage_run_device_args(const devstage_run* run, void** device_args, size_t count);
 DEVSTAGE_C_API devstage_status devstage_run_slot(const devstage_run* run, size_t* slot);
 
+/* Work enqueued on `stream` afterwards runs after the live `run`'s bind — its uploads and the
+ * waits it made — without a host wait (uploads on a copy stream, the kernel on another). No-op
+ * on the bind's stream. On failure the run stays live. */
+DEVSTAGE_C_API devstage_status devstage_order_after_uploads(devstage_stager* stager, const devstage_run* run,
+                                                            devstage_stream stream);
+
 /* Ends the run: copies back Out and InOut args when `execution` is DEVSTAGE_OK (pass the
  * kernel's failure to copy nothing back), releases what the run holds, and returns the first
  * failure of its own copy-backs and releases. The kernel must have completed. The run handle
@@ -311,6 +390,8 @@ DEVSTAGE_C_API devstage_status devstage_run_destroy(devstage_run* run);
 DEVSTAGE_C_API devstage_status devstage_completion_wait(devstage_completion* completion);
 /* *ready: 1 once the outputs are in host memory, else 0. Never blocks. */
 DEVSTAGE_C_API devstage_status devstage_completion_ready(devstage_completion* completion, int* ready);
+/* *pending: 1 while the run is not known complete (its host memory is devstage's), else 0. */
+DEVSTAGE_C_API devstage_status devstage_completion_pending(const devstage_completion* completion, int* pending);
 /* Waits if it was not waited for (returning that wait's result), then frees the handle. */
 DEVSTAGE_C_API devstage_status devstage_completion_destroy(devstage_completion* completion);
 
@@ -338,7 +419,8 @@ DEVSTAGE_C_API devstage_status devstage_bind_frame_on(devstage_stager* stager, c
 /* Frees the handle (a view). Its memory stays valid while the frame's slot is held. */
 DEVSTAGE_C_API devstage_status devstage_frame_destroy(devstage_frame* frame);
 
-/* A stager's counters since its creation (StagerStats, field for field). */
+/* A stager's counters since its creation: every StagerStats counter, field for field (new
+ * counters are appended). */
 typedef struct devstage_stager_stats {
     uint64_t runs;
     uint64_t regrows;
@@ -372,6 +454,14 @@ typedef struct devstage_stager_stats {
     uint64_t zeroing_calls;
     uint64_t zeroed_bytes;
     uint64_t zero_uploads;
+    uint64_t batched_uploads;
+    uint64_t batched_copy_backs;
+    uint64_t batched_copies;
+    uint64_t ring_uploads;
+    uint64_t ring_copy_backs;
+    uint64_t ring_chunks;
+    uint64_t ring_waits;
+    uint64_t ring_bytes;
 } devstage_stager_stats;
 
 DEVSTAGE_C_API devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstage_stager_stats* stats);

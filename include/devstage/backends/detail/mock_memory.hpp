@@ -3,6 +3,7 @@
 // Private: MockBackend's allocation, free and synchronous copy — checked against its blocks,
 // its pending work and its injected faults, and journaled (included by backends/mock.hpp).
 
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 
@@ -104,6 +105,48 @@ inline Status MockBackend::transfer(MockOp op, const void* device, void* dst, co
     }
     std::memcpy(dst, src, bytes);
     return recorder_.finish(op, device, bytes, {});
+}
+
+inline Status MockBackend::host_register(void* host, std::size_t bytes) noexcept {
+    constexpr MockOp op = MockOp::host_register;
+    std::lock_guard lock(mutex_);
+    if (Status injected = recorder_.begin(op); !injected) return recorder_.finish(op, host, bytes, std::move(injected));
+    if (Status checked = registered_.check("mock host_register", host, bytes); !checked) {
+        return recorder_.finish(op, host, bytes, recorder_.misuse(checked.code(), checked.message()));
+    }
+    bool pinned = false;
+    pinned_.for_each([&](void* base, const auto& entry) {
+        const auto at = reinterpret_cast<std::uintptr_t>(host), start = reinterpret_cast<std::uintptr_t>(base);
+        pinned = pinned || (start < at + bytes && at < start + entry.bytes);
+    });
+    if (pinned) {
+        return recorder_.finish(
+            op, host, bytes,
+            recorder_.misuse(Errc::invalid_argument,
+                             detail::message("mock host_register: ", bytes, " bytes at ",
+                                             static_cast<const void*>(host), " lie in pinned memory of this backend")));
+    }
+    if (!registered_.insert(host, bytes, true)) {
+        return recorder_.finish(op, host, bytes,
+                                Status(Errc::out_of_memory, detail::message("mock host_register: host memory exhausted "
+                                                                            "recording ",
+                                                                            bytes, " bytes")));
+    }
+    return recorder_.finish(op, host, bytes, {});
+}
+
+inline Status MockBackend::host_unregister(void* host) noexcept {
+    constexpr MockOp op = MockOp::host_unregister;
+    std::lock_guard lock(mutex_);
+    if (Status injected = recorder_.begin(op); !injected) return recorder_.finish(op, host, 0, std::move(injected));
+    if (const detail::HostRegistry::Range* range = registered_.containing(host, 1); range != nullptr) {
+        if (Status clear = engine_.used_by_pending(op, host, range->bytes, Side::host); !clear) {
+            return recorder_.finish(op, host, range->bytes, std::move(clear));
+        }
+    }
+    Result<detail::HostRegistry::Range> range = registered_.erase("mock host_unregister", host);
+    if (!range) return recorder_.finish(op, host, 0, recorder_.misuse(range.status().code(), range.status().message()));
+    return recorder_.finish(op, host, range->bytes, {});
 }
 
 }  // namespace devstage

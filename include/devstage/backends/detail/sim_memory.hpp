@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "devstage/backends/detail/address_map.hpp"
+#include "devstage/backends/detail/host_registry.hpp"
 #include "devstage/backends/sim_config.hpp"
 #include "devstage/detail/util/align.hpp"
 #include "devstage/detail/util/message.hpp"
@@ -32,6 +35,7 @@ public:
     ~SimMemory() {
         device_.for_each([](void* base, const auto& entry) { ::munmap(base, entry.info); });
         pinned_.for_each([](void* base, const auto& entry) { ::munmap(base, entry.info.mapped); });
+        registered_.for_each([this](void* base, const HostRegistry::Range& range) { unlock(base, range); });
     }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept {
@@ -118,14 +122,50 @@ public:
     bool device_contains(const void* pointer, std::size_t bytes) const noexcept {
         return device_.contains(pointer, bytes);
     }
-    /// True when [pointer, pointer + bytes) lies in one pinned allocation.
+    /// True when [pointer, pointer + bytes) lies in one pinned allocation or registered range.
     bool pinned_contains(const void* pointer, std::size_t bytes) const noexcept {
-        return pinned_.contains(pointer, bytes);
+        return pinned_.contains(pointer, bytes) || registered_.contains(pointer, bytes);
     }
-    /// True when `pointer` lies in a pinned allocation that is really page-locked.
+    /// True when `pointer` lies in a pinned allocation or registered range that is really
+    /// page-locked.
     bool pinned_locked(const void* pointer) const noexcept {
         const auto* entry = pinned_.containing(pointer, 1);
-        return entry != nullptr && entry->info.locked;
+        if (entry != nullptr) return entry->info.locked;
+        const HostRegistry::Range* range = registered_.containing(pointer, 1);
+        return range != nullptr && range->locked;
+    }
+
+    /// Pins existing host memory in place: mlock'd where allowed (SimConfig::lock_pinned, and
+    /// RLIMIT_MEMLOCK), counted as pinned either way. Not inside a pinned allocation (already
+    /// pinned), nor overlapping a registered range.
+    Status host_register(void* host, std::size_t bytes) noexcept {
+        constexpr std::string_view what = "sim host_register";
+        if (Status checked = registered_.check(what, host, bytes); !checked)
+            return fail(checked.code(), checked.message());
+        bool pinned = false;
+        pinned_.for_each([&](void* base, const auto& entry) {
+            const auto at = reinterpret_cast<std::uintptr_t>(host), start = reinterpret_cast<std::uintptr_t>(base);
+            pinned = pinned || (start < at + bytes && at < start + entry.bytes);
+        });
+        if (pinned) {
+            return fail(Errc::invalid_argument, message(what, ": ", bytes, " bytes at ", static_cast<const void*>(host),
+                                                        " lie in pinned memory of this backend, pinned already"));
+        }
+        const bool locked = config_.lock_pinned && ::mlock(host, bytes) == 0;
+        if (!registered_.insert(host, bytes, locked)) {
+            unlock(host, HostRegistry::Range{bytes, locked});
+            return fail(Errc::out_of_memory, message(what, ": host memory exhausted recording ", bytes, " bytes"));
+        }
+        if (!locked) ++stats_.pinned_lock_failures;
+        return {};
+    }
+
+    /// Unpins a range host_register pinned (starting at `host`).
+    Status host_unregister(void* host) noexcept {
+        Result<HostRegistry::Range> range = registered_.erase("sim host_unregister", host);
+        if (!range) return fail(range.status().code(), range.status().message());
+        unlock(host, *range);
+        return {};
     }
 
 private:
@@ -139,6 +179,16 @@ private:
         return round_up(bytes, page);
     }
 
+    // munlock of the pages of a registered range that no other registered range uses.
+    void unlock(const void* host, const HostRegistry::Range& range) const noexcept {
+        if (!range.locked) return;
+        static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+        if (const auto pages = registered_.own_pages(host, range.bytes, page)) {
+            ::munlock(reinterpret_cast<const void*>(pages->first),  // NOLINT(performance-no-int-to-ptr)
+                      pages->second - pages->first);
+        }
+    }
+
     Status fail(Errc code, std::string text) noexcept {
         ++stats_.failed_calls;
         return Status(code, std::move(text));
@@ -148,6 +198,7 @@ private:
     SimStats& stats_;
     AddressMap<std::size_t> device_;  // info: mapped bytes
     AddressMap<PinnedInfo> pinned_;
+    HostRegistry registered_;
 };
 
 }  // namespace devstage::detail
