@@ -11,7 +11,11 @@ python=${PYTHON:-/usr/bin/python3}
 "$python" -c 'import mesonpy' 2>/dev/null || { echo "no meson-python (Debian: python3-mesonpy)"; exit 77; }
 "$python" -c 'import venv, ensurepip' 2>/dev/null || { echo "no venv (Debian: python3-venv)"; exit 77; }
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# The two builds sit in the source tree, as the test build does, so that their compiles are the
+# same commands and ccache has them.
+wheel_build=$(mktemp -d "$PWD/build-python-wheel-XXXXXX")
+meson_build=$(mktemp -d "$PWD/build-python-meson-XXXXXX")
+trap 'rm -rf "$work" "$wheel_build" "$meson_build"' EXIT
 fail() {
     echo "python install_check: $*" >&2
     exit 1
@@ -33,16 +37,17 @@ print("devstage", devstage.__version__, "from", where, "library", devstage._lib.
 "$python" -m venv --system-site-packages "$work/venv" >/dev/null
 # (Built as the test build is, so that ccache has the objects.)
 "$work/venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps --quiet \
-    --config-settings=builddir="$work/wheel-build" --config-settings=setup-args=-Dbuildtype=debugoptimized . \
+    --config-settings=builddir="$wheel_build" --config-settings=setup-args=-Dbuildtype=debugoptimized . \
     >"$work/pip.log" 2>&1 || fail "pip install failed: $(tail -20 "$work/pip.log")"
 (cd "$work" && "$work/venv/bin/python" -c "$use" "$work/venv") || fail "the pip-installed package does not work"
 (cd "$work" && "$work/venv/bin/python" -c 'import devstage, os; assert os.path.dirname(devstage._lib.lib.devstage_path) == os.path.dirname(devstage.__file__)') ||
     fail "the pip-installed package did not load the library inside it"
 
 # Meson install into a prefix (tests, examples and benchmarks off).
-meson setup "$work/build" --prefix="$work/prefix" -Dtests=disabled -Dexamples=disabled -Dbench=disabled \
+rmdir "$meson_build"
+meson setup "$meson_build" --prefix="$work/prefix" -Dtests=disabled -Dexamples=disabled -Dbench=disabled \
     -Dpython=enabled >"$work/setup.log" 2>&1 || fail "meson setup failed: $(tail -5 "$work/setup.log")"
-meson install -C "$work/build" >"$work/install.log" 2>&1 || fail "meson install failed: $(tail -5 "$work/install.log")"
+meson install -C "$meson_build" >"$work/install.log" 2>&1 || fail "meson install failed: $(tail -5 "$work/install.log")"
 init=$(find "$work/prefix" -path '*devstage/__init__.py' | head -1)
 [ -n "$init" ] || fail "meson install did not install the Python package"
 site=$(dirname "$(dirname "$init")")
