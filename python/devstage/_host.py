@@ -32,6 +32,34 @@ class Memory:
             close()
 
 
+def array_interface(address, shape, dtype):
+    """The NumPy array interface of a C-contiguous tensor in host memory (writable)."""
+    return {"shape": tuple(shape), "typestr": _dtypes.DTYPES[dtype][2], "data": (address, False), "strides": None,
+            "version": 3}
+
+
+class HostTensor:
+    """What devstage's own host tensors share (PinnedBuffer, a frame's HostView): `data_ptr`,
+    `nbytes`, `shape` and `dtype`, seen by NumPy (the array interface) and DLPack (kDLCPU: the CPU
+    reads and writes pinned memory directly, so no stream applies), and staged as args."""
+
+    __slots__ = ()
+
+    @property
+    def __array_interface__(self):
+        return array_interface(self.data_ptr, self.shape, self.dtype)
+
+    def __dlpack__(self, stream=None, **_ignored):  # pylint: disable=unused-argument
+        code, bits, _ = _dtypes.DTYPES[self.dtype]
+        return _dlpack.capsule(self, self.data_ptr, self.shape, code, bits)
+
+    def __dlpack_device__(self):
+        return (_dlpack.CPU, 0)
+
+    def _devstage_memory(self):
+        return Memory(self.data_ptr, self.nbytes, self.shape, self.dtype, keep=self)
+
+
 class _PyBuffer(Structure):
     _fields_ = [("buf", c_void_p), ("obj", c_void_p), ("len", c_ssize_t), ("itemsize", c_ssize_t),
                 ("readonly", c_int), ("ndim", c_int), ("format", c_char_p), ("shape", POINTER(c_ssize_t)),

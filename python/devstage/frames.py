@@ -5,13 +5,13 @@ import threading
 import weakref
 from ctypes import byref, c_size_t, c_void_p
 
-from . import _dlpack, _dtypes, _host, _lib
+from . import _host, _lib
 from ._lib import lib
 from .args import Staged
 from .errors import check
 
 
-class HostView:
+class HostView(_host.HostTensor):
     """Tensor i of a frame, in pinned memory: `numpy.asarray(view)` and `torch.from_dlpack(view)`
     are views of it (kDLCPU), of the TensorShape's shape and dtype. The frame's memory stays the
     engine's while a view lives (see Frame)."""
@@ -21,21 +21,6 @@ class HostView:
     def __init__(self, frame, index, data_ptr, nbytes, shape, dtype):
         self._frame = frame
         self.index, self.data_ptr, self.nbytes, self.shape, self.dtype = index, data_ptr, nbytes, shape, dtype
-
-    @property
-    def __array_interface__(self):
-        return {"shape": self.shape, "typestr": _dtypes.DTYPES[self.dtype][2], "data": (self.data_ptr, False),
-                "strides": None, "version": 3}
-
-    def __dlpack__(self, stream=None, **_ignored):  # pylint: disable=unused-argument
-        code, bits, _ = _dtypes.DTYPES[self.dtype]
-        return _dlpack.capsule(self, self.data_ptr, self.shape, code, bits)
-
-    def __dlpack_device__(self):
-        return (_dlpack.CPU, 0)
-
-    def _devstage_memory(self):
-        return _host.Memory(self.data_ptr, self.nbytes, self.shape, self.dtype, keep=self)
 
     def __repr__(self):
         return f"HostView(frame tensor {self.index}, shape={self.shape}, dtype={self.dtype})"
@@ -112,7 +97,7 @@ class Frame:
 
     def _give_back(self, completion, staged):
         if self._completion_destroy(completion) != 0:
-            self.stager._hold(_PendingFrame(completion, staged))  # pylint: disable=protected-access
+            self.stager._hold(PendingCompletion(completion, staged))  # pylint: disable=protected-access
         elif staged is not None:
             staged.close()
         self._retire()
@@ -144,9 +129,9 @@ class Frame:
         self._retire()
 
 
-class _PendingFrame:
-    """The completion of a frame's run whose wait failed when its last view went: kept by the
-    stager until release() or abandon()."""
+class PendingCompletion:
+    """A completion whose wait failed when it was dropped (or its frame's last view went): its
+    handle and its run's memory, kept by the stager until release() or abandon(), then destroyed."""
 
     def __init__(self, handle, staged):
         self.handle, self.staged = handle, staged

@@ -6,8 +6,8 @@ import math
 import threading
 from ctypes import byref, c_void_p
 
-from . import _dlpack, _dtypes, _host, _lib
-from ._dtypes import DTYPES, dtype_name  # noqa: F401  (dtype_name is part of the package's API)
+from . import _dtypes, _host, _lib
+from ._dtypes import dtype_name
 from ._lib import lib
 from .errors import check
 
@@ -103,7 +103,7 @@ class PinnedPool:
         return {name: getattr(stats, name) for name in _lib.PINNED_STATS_FIELDS}
 
 
-class PinnedBuffer:
+class PinnedBuffer(_host.HostTensor):
     """A tensor in pinned memory: `numpy.asarray(buf)` and `torch.from_dlpack(buf)` are views of
     it (no copy); the memory goes back to its pool when the last of the buffer and its views is
     gone. It outlives its PinnedPool object."""
@@ -114,23 +114,6 @@ class PinnedBuffer:
         self.shape = shape
         self.dtype = dtype
         self.nbytes = nbytes
-
-    @property
-    def __array_interface__(self):
-        return {"shape": self.shape, "typestr": DTYPES[self.dtype][2], "data": (self.data_ptr, False),
-                "strides": None, "version": 3}
-
-    def __dlpack__(self, stream=None, **_ignored):
-        """A DLPack capsule of the buffer (kDLCPU: the CPU reads and writes pinned memory
-        directly, so no stream applies)."""
-        code, bits, _ = DTYPES[self.dtype]
-        return _dlpack.capsule(self, self.data_ptr, self.shape, code, bits)
-
-    def __dlpack_device__(self):
-        return (_dlpack.CPU, 0)
-
-    def _devstage_memory(self):
-        return _host.Memory(self.data_ptr, self.nbytes, self.shape, self.dtype, keep=self)
 
     def __repr__(self):
         return f"PinnedBuffer(shape={self.shape}, dtype={self.dtype}, nbytes={self.nbytes}, data_ptr={self.data_ptr:#x})"

@@ -5,11 +5,11 @@ import threading
 import weakref
 from ctypes import byref, c_int, c_size_t, c_void_p
 
-from . import _dlpack, _dtypes, _lib
+from . import _dlpack, _dtypes, _host, _lib
 from ._lib import lib
 from .args import DIRECTION_NAMES, frame_shapes, stage_args
 from .errors import Busy, InvalidArgument, check, error_of
-from .frames import Frame
+from .frames import Frame, PendingCompletion
 
 _STRATEGIES = {"retained": 0, "per_tensor": 1}
 _GROWTHS = {"exact": 0, "geometric": 1, "granular": 2}
@@ -331,8 +331,7 @@ class _HostExport:
 
     def __init__(self, tensor):
         run = self._run = tensor._run  # pylint: disable=protected-access
-        self.__array_interface__ = {"shape": tensor.shape, "typestr": _dtypes.DTYPES[tensor.dtype][2],
-                                    "data": (tensor.data_ptr, False), "strides": None, "version": 3}
+        self.__array_interface__ = _host.array_interface(tensor.data_ptr, tensor.shape, tensor.dtype)
         run._exported(1)  # pylint: disable=protected-access
         weakref.finalize(self, run._released_export)  # pylint: disable=protected-access
 
@@ -538,7 +537,7 @@ class Completion:
             return
         if self._destroy(handle) != 0:
             # Still pending: the stager keeps the run's memory until it is released or abandoned.
-            self._stager._hold(_Pending(handle, self._staged))  # pylint: disable=protected-access
+            self._stager._hold(PendingCompletion(handle, self._staged))  # pylint: disable=protected-access
         elif self._staged is not None:
             self._staged.close()
         if frame is not None:
@@ -558,21 +557,6 @@ class Completion:
             self._orphan()
         # else: the stager's deferred list still holds this completion; its finish is enqueued
         # (and then orphaned) once the run's exported tensors are gone
-
-
-class _Pending:
-    """A completion whose wait failed when it was dropped: its handle and its run's memory, kept
-    by the stager until release() or abandon() (then destroyed)."""
-
-    def __init__(self, handle, staged):
-        self.handle, self.staged = handle, staged
-
-    def close(self):
-        handle, self.handle = self.handle, None
-        if handle:
-            Completion._destroy(handle)  # pylint: disable=protected-access
-        if self.staged is not None:
-            self.staged.close()
 
 
 def _choice(field, value, choices, problems):
