@@ -73,6 +73,9 @@ inline constexpr std::size_t sizes[] = {1,   7,   64,  200,  pack_limit - 1,    
 
 using Bump = devstage::RetainedBump<devstage::ExactGrowth, alignment, devstage::NoPacking>;
 using Packed = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::PackSmall<pack_limit>>;
+/// PackSmall's layout in a mirror mapped for the device: on every backend here (they all map)
+/// the kernels read and write the small args and frames in place.
+using Mapped = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::MapSmall<pack_limit>>;
 using PerTensor = devstage::PerTensorMalloc<alignment>;
 
 // ---- the choices of a program ----------------------------------------------------------------
@@ -128,7 +131,7 @@ public:
 };
 static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBackend<NoMemsetMock>);
 static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
-enum class StrategyKind : std::uint8_t { bump, packed, per_tensor };
+enum class StrategyKind : std::uint8_t { bump, packed, per_tensor, mapped };
 
 struct Config {
     BackendKind backend = BackendKind::mock;
@@ -157,15 +160,15 @@ struct Config {
         static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend",
                                                "deferred mock without memset", "eager mock"};
         static const char* const strategies[] = {"RetainedBump<Exact, 256, NoPacking>",
-                                                 "RetainedBump<Geometric, 256, PackSmall<512>>",
-                                                 "PerTensorMalloc<256>"};
+                                                 "RetainedBump<Geometric, 256, PackSmall<512>>", "PerTensorMalloc<256>",
+                                                 "RetainedBump<Geometric, 256, MapSmall<512>>"};
         std::ostringstream out;
         out << backends[static_cast<int>(backend)] << ", " << strategies[static_cast<int>(strategy)] << ", " << slots
             << " slot(s), " << streams << " stream(s), ring " << (ring ? "on" : "off")
             << (disjoint ? ", runs share no host memory" : ", shared host memory");
         if (backend == BackendKind::mock) out << ", mock offset " << mock_offset << ", polls " << not_ready_polls;
         if (ring) out << ", ring threads " << ring_threads;
-        const bool packs = strategy == StrategyKind::packed;
+        const bool packs = strategy == StrategyKind::packed || strategy == StrategyKind::mapped;
         if (packs) out << (frames ? ", frames" : ", no frames");
         if (packs && frames && device_frames) out << " with device tensors";
         out << (policy == OutputPolicy::zero ? ", Out zeroed" : ", kernel_writes_all")
@@ -176,7 +179,7 @@ struct Config {
 };
 
 /// The number of distinct configurations config_for() cycles through.
-inline constexpr std::uint64_t config_count = 5 * 3 * 3 * 3 * 2 * 2;
+inline constexpr std::uint64_t config_count = 5 * 4 * 3 * 3 * 2 * 2;
 
 /// Configuration `index` (mod config_count) of every combination, with the small knobs from
 /// `choices`.
@@ -189,7 +192,7 @@ inline Config config_for(std::uint64_t index, Choices& choices) {
         return d;
     };
     config.backend = static_cast<BackendKind>(digit(5));
-    config.strategy = static_cast<StrategyKind>(digit(3));
+    config.strategy = static_cast<StrategyKind>(digit(4));
     config.slots = 1 + digit(3);
     config.streams = 1 + digit(3);
     config.ring = digit(2) == 1;
@@ -210,7 +213,7 @@ struct Report {
     Config config;
     std::string trace;
     std::vector<std::string> failures;
-    /// The stager's counters at the end: which way the runs went.
+    /// The stager's counters at the end: which way the runs went (StagerStats::mapped_runs, ...).
     devstage::StagerStats stats;
 
     bool ok() const noexcept { return failures.empty(); }
@@ -1803,6 +1806,8 @@ void run_on(const Config& config, Choices& choices, Report& report, int trace_fd
             return run_typed<B, Packed>(config, choices, report, trace_fd);
         case StrategyKind::per_tensor:
             return run_typed<B, PerTensor>(config, choices, report, trace_fd);
+        case StrategyKind::mapped:
+            return run_typed<B, Mapped>(config, choices, report, trace_fd);
     }
 }
 
