@@ -4,9 +4,11 @@
 // plain host memory, each stream is a queue of work that runs only when the host waits for it
 // (synchronize_event, or event_ready after one "not ready"), stream_wait_event is honoured, and
 // nothing else orders anything. It has no synchronize() and no is_pinned() query: the stager
-// must get by with events alone, and treats all host memory as pageable. It counts misuses: a
-// free of memory that pending work (a copy, or a kernel that said which memory it touches)
-// still uses, and a synchronous copy of device memory that pending work uses.
+// must get by with events alone, and treats all host memory as pageable. It maps pinned memory
+// for its kernels (the device address is the host address). It counts misuses: a free or an
+// unmap of memory that pending work (a copy, or a kernel that said which memory it touches)
+// still uses, a free of memory still mapped, a copy of mapped memory, and a synchronous copy
+// of device memory that pending work uses.
 
 #include <algorithm>
 #include <cstddef>
@@ -39,11 +41,6 @@ public:
         std::uint32_t id = 0;
         friend bool operator==(Event, Event) = default;
     };
-    /// A range of device memory a kernel touches.
-    struct Range {
-        const void* begin;
-        std::size_t bytes;
-    };
 
     SlowBackend() = default;
     SlowBackend(const SlowBackend&) = delete;
@@ -59,7 +56,34 @@ public:
     devstage::Result<void*> device_malloc(std::size_t bytes) noexcept { return allocate(device_, bytes); }
     devstage::Status device_free(void* pointer) noexcept { return deallocate(device_, pointer, "device_free"); }
     devstage::Result<void*> pinned_malloc(std::size_t bytes) noexcept { return allocate(pinned_, bytes); }
-    devstage::Status pinned_free(void* pointer) noexcept { return deallocate(pinned_, pointer, "pinned_free"); }
+    devstage::Status pinned_free(void* pointer) noexcept {
+        {
+            std::lock_guard lock(mutex_);
+            const auto found = pinned_.find(pointer);
+            if (found != pinned_.end() && mapped_overlaps(pointer, found->second)) {
+                return misuse("slow pinned_free: memory still mapped");
+            }
+        }
+        return deallocate(pinned_, pointer, "pinned_free");
+    }
+
+    /// Any pinned address maps; the device address is the host address.
+    static constexpr std::size_t host_map_alignment = 1;
+    devstage::Result<void*> map_host(void* host, std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        if (bytes == 0 || !inside(pinned_, host, bytes)) return misuse("slow map_host: not inside pinned memory");
+        if (mapped_overlaps(host, bytes)) return misuse("slow map_host: already mapped");
+        mapped_[host] = bytes;
+        return host;
+    }
+    devstage::Status unmap_host(void* host) noexcept {
+        std::lock_guard lock(mutex_);
+        const auto found = mapped_.find(host);
+        if (found == mapped_.end()) return misuse("slow unmap_host: not a mapping");
+        if (pending_use(host, found->second)) return misuse("slow unmap_host: pending work still uses it");
+        mapped_.erase(found);
+        return {};
+    }
 
     devstage::Status copy_to_device(void* dst, const void* src, std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
@@ -156,9 +180,9 @@ public:
     devstage::Status launch_host_func(Stream stream, devstage::HostFunction function, void* data) noexcept {
         return launch_kernel(stream, function, data, {});
     }
-    /// A host function that touches `ranges` of device memory until it ran.
+    /// A host function that touches `ranges` (device or mapped memory) until it ran.
     devstage::Status launch_kernel(Stream stream, devstage::HostFunction function, void* data,
-                                   std::span<const Range> ranges) noexcept {
+                                   std::span<const devstage::KernelAccess> ranges) noexcept {
         std::lock_guard lock(mutex_);
         Queue* queue = find(stream);
         if (queue == nullptr || function == nullptr) return misuse("slow launch_host_func: unknown stream");
@@ -203,7 +227,7 @@ private:
         std::shared_ptr<Recording> recording;
         devstage::HostFunction function = nullptr;
         void* data = nullptr;
-        std::vector<Range> ranges;
+        std::vector<devstage::KernelAccess> ranges;
     };
     struct Queue {
         std::deque<Op> ops;
@@ -247,6 +271,12 @@ private:
         const auto y = reinterpret_cast<std::uintptr_t>(b);
         return an > 0 && bn > 0 && x < y + bn && y < x + an;
     }
+    bool mapped_overlaps(const void* pointer, std::size_t bytes) const noexcept {
+        for (const auto& [base, length] : mapped_) {
+            if (overlaps(base, length, pointer, bytes)) return true;
+        }
+        return false;
+    }
     bool pending_use(const void* pointer, std::size_t bytes) const noexcept {
         for (const auto& [id, queue] : streams_) {
             for (const Op& op : queue.ops) {
@@ -256,8 +286,8 @@ private:
                     return true;
                 }
                 if (op.kind == Op::host) {
-                    for (const Range& range : op.ranges) {
-                        if (overlaps(range.begin, range.bytes, pointer, bytes)) return true;
+                    for (const devstage::KernelAccess& range : op.ranges) {
+                        if (overlaps(range.device, range.bytes, pointer, bytes)) return true;
                     }
                 }
             }
@@ -283,6 +313,7 @@ private:
         Queue* queue = find(stream);
         if (queue == nullptr) return misuse("slow copy_async: unknown stream");
         if (bytes == 0) return {};
+        if (mapped_overlaps(device, bytes)) return misuse("slow copy_async: a mapped address as a copy's device side");
         if (!inside(device_, device, bytes)) return misuse("slow copy_async: outside every device allocation");
         if (dst == nullptr || src == nullptr) return misuse("slow copy_async: null pointer");
         Op op;
@@ -320,6 +351,7 @@ private:
 
     mutable std::mutex mutex_;
     std::map<void*, std::size_t> device_, pinned_;
+    std::map<const void*, std::size_t> mapped_;
     std::vector<void*> quarantine_;
     std::map<std::uint32_t, Queue> streams_;
     std::map<std::uint32_t, std::shared_ptr<Recording>> events_;
@@ -332,6 +364,8 @@ private:
 static_assert(devstage::AsyncBackend<SlowBackend>);
 static_assert(devstage::PinnedHostBackend<SlowBackend>);
 static_assert(devstage::HostFunctionBackend<SlowBackend>);
+static_assert(devstage::MappedHostBackend<SlowBackend>);
+static_assert(devstage::KernelAccessBackend<SlowBackend>);
 static_assert(!devstage::SynchronizingBackend<SlowBackend>);
 
 }  // namespace sequential

@@ -73,6 +73,9 @@ inline constexpr std::size_t sizes[] = {1,   7,   64,  200,  pack_limit - 1,    
 
 using Bump = devstage::RetainedBump<devstage::ExactGrowth, alignment, devstage::NoPacking>;
 using Packed = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::PackSmall<pack_limit>>;
+/// PackSmall's layout in a mirror mapped for the device: on every backend here (they all map)
+/// the kernels read and write the small args and frames in place.
+using Mapped = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::MapSmall<pack_limit>>;
 using PerTensor = devstage::PerTensorMalloc<alignment>;
 
 // ---- the choices of a program ----------------------------------------------------------------
@@ -115,7 +118,7 @@ private:
 
 // ---- configuration ---------------------------------------------------------------------------
 
-enum class BackendKind : std::uint8_t { mock, sim, slow, mock_no_memset };
+enum class BackendKind : std::uint8_t { mock, sim, slow, mock_no_memset, eager_mock };
 
 /// The deferred mock without device_memset_async (nor device_memset): the stager zeroes Out
 /// args by uploading zeros from its static block, which the mock's host-hazard checks see.
@@ -128,7 +131,7 @@ public:
 };
 static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBackend<NoMemsetMock>);
 static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
-enum class StrategyKind : std::uint8_t { bump, packed, per_tensor };
+enum class StrategyKind : std::uint8_t { bump, packed, per_tensor, mapped };
 
 struct Config {
     BackendKind backend = BackendKind::mock;
@@ -155,18 +158,19 @@ struct Config {
 
     std::string describe() const {
         static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend",
-                                               "deferred mock without memset"};
+                                               "deferred mock without memset", "eager mock"};
         static const char* const strategies[] = {"RetainedBump<Exact, 256, NoPacking>",
-                                                 "RetainedBump<Geometric, 256, PackSmall<512>>",
-                                                 "PerTensorMalloc<256>"};
+                                                 "RetainedBump<Geometric, 256, PackSmall<512>>", "PerTensorMalloc<256>",
+                                                 "RetainedBump<Geometric, 256, MapSmall<512>>"};
         std::ostringstream out;
         out << backends[static_cast<int>(backend)] << ", " << strategies[static_cast<int>(strategy)] << ", " << slots
             << " slot(s), " << streams << " stream(s), ring " << (ring ? "on" : "off")
             << (disjoint ? ", runs share no host memory" : ", shared host memory");
         if (backend == BackendKind::mock) out << ", mock offset " << mock_offset << ", polls " << not_ready_polls;
         if (ring) out << ", ring threads " << ring_threads;
-        if (strategy == StrategyKind::packed) out << (frames ? ", frames" : ", no frames");
-        if (strategy == StrategyKind::packed && frames && device_frames) out << " with device tensors";
+        const bool packs = strategy == StrategyKind::packed || strategy == StrategyKind::mapped;
+        if (packs) out << (frames ? ", frames" : ", no frames");
+        if (packs && frames && device_frames) out << " with device tensors";
         out << (policy == OutputPolicy::zero ? ", Out zeroed" : ", kernel_writes_all")
             << (switch_policy ? " (switched)" : "") << (partial_kernels ? ", partial kernels" : "");
         out << ", up to " << max_steps << " steps";
@@ -175,7 +179,7 @@ struct Config {
 };
 
 /// The number of distinct configurations config_for() cycles through.
-inline constexpr std::uint64_t config_count = 4 * 3 * 3 * 3 * 2 * 2;
+inline constexpr std::uint64_t config_count = 5 * 4 * 3 * 3 * 2 * 2;
 
 /// Configuration `index` (mod config_count) of every combination, with the small knobs from
 /// `choices`.
@@ -187,8 +191,8 @@ inline Config config_for(std::uint64_t index, Choices& choices) {
         i /= base;
         return d;
     };
-    config.backend = static_cast<BackendKind>(digit(4));
-    config.strategy = static_cast<StrategyKind>(digit(3));
+    config.backend = static_cast<BackendKind>(digit(5));
+    config.strategy = static_cast<StrategyKind>(digit(4));
     config.slots = 1 + digit(3);
     config.streams = 1 + digit(3);
     config.ring = digit(2) == 1;
@@ -209,6 +213,8 @@ struct Report {
     Config config;
     std::string trace;
     std::vector<std::string> failures;
+    /// The stager's counters at the end: which way the runs went (StagerStats::mapped_runs, ...).
+    devstage::StagerStats stats;
 
     bool ok() const noexcept { return failures.empty(); }
     std::string text() const {
@@ -360,7 +366,7 @@ std::unique_ptr<B> make_backend(const Config& config, devstage::ErrorSink sink) 
         devstage::MockConfig mock;
         mock.offset = config.mock_offset;
         mock.journal = false;
-        mock.deferred_async = true;
+        mock.deferred_async = config.backend != BackendKind::eager_mock;
         mock.not_ready_polls = config.not_ready_polls;
         mock.sink = sink;
         return std::make_unique<B>(mock);
@@ -547,6 +553,13 @@ public:
         }
         step.args.assign(step.frame->args().begin(), step.frame->args().end());
         check_device_args(step, *run);
+        // Mapped, a frame's device args are its host tensors' device addresses, which are the
+        // host addresses on every backend here: the kernel then writes the frame in place.
+        for (std::size_t i = 0; i < step.tensors.size(); ++i) {
+            if (step.tensors[i] == nullptr || step.spec.args[i].bytes == 0) continue;
+            step.in_place = run->device_args()[i].data == step.tensors[i];
+            if (!step.in_place) break;
+        }
         step.run.emplace(std::move(*run));
         step.phase = Phase::bound;
         model_bind(step);
@@ -576,11 +589,15 @@ public:
         job->step = static_cast<std::uint32_t>(id);
         job->partial = step.spec.partial;
         const std::span<const TensorArg> device_args = step.run->device_args();
-        std::vector<typename SlowBackend::Range> ranges;
+        std::vector<devstage::KernelAccess> accesses;  // what the kernel reads and writes, for the backend
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
             job->views.push_back(View{static_cast<std::byte*>(device_args[i].data), arg.bytes, arg.direction});
-            if (arg.bytes > 0) ranges.push_back({device_args[i].data, arg.bytes});
+            if (arg.bytes > 0) {
+                accesses.push_back(devstage::KernelAccess{device_args[i].data, arg.bytes,
+                                                          devstage::uploads(arg.direction),
+                                                          devstage::copies_back(arg.direction)});
+            }
             if (arg.where == Where::device) {
                 // The engine orders its own kernels on caller-owned device memory.
                 std::vector<bool>& touched = device_[static_cast<std::size_t>(arg.index)].touched_on;
@@ -595,8 +612,8 @@ public:
             }
         }
         Status launched;
-        if constexpr (std::is_same_v<B, SlowBackend>) {
-            launched = backend_->launch_kernel(streams_[on], &Job::run, job.get(), ranges);
+        if constexpr (devstage::KernelAccessBackend<B>) {
+            launched = backend_->launch_kernel(streams_[on], &Job::run, job.get(), accesses);
         } else {
             launched = backend_->launch_host_func(streams_[on], &Job::run, job.get());
         }
@@ -768,6 +785,7 @@ public:
     void engine_write(int index) {
         if (!running()) return;
         HostBuffer& buffer = host_[static_cast<std::size_t>(index)];
+        engine_access(buffer.data, buffer.bytes, true, "the engine writes b" + std::to_string(index));
         const std::uint64_t tag = 0x3000 + ++writes_;
         pattern(tag, buffer.data, buffer.bytes);
         buffer.model.assign(as_u8(buffer.data), as_u8(buffer.data) + buffer.bytes);
@@ -826,6 +844,7 @@ public:
             fail("the backend counted " + std::to_string(misuses()) + " misuse(s): " + first_misuse());
         }
         if (!sunk_.empty()) fail("the stager's error sink was called: " + sunk_.front());
+        report_.stats = stats();
     }
 
     // ---- the random engine --------------------------------------------------------------------
@@ -890,6 +909,7 @@ private:
         bool complete = false;  // known complete: waited, ready, destroyed
         bool released = false;  // its Completion destroyed or detached: a frame is handed back
         bool detached = false;
+        bool in_place = false;  // a frame whose kernel uses its tensors where they lie (a mapped mirror)
         std::uint64_t finish_order = 0;
         std::optional<HostFrame> frame;
         std::optional<StagedRun> run;
@@ -1220,6 +1240,7 @@ private:
                 continue;
             }
             std::byte* into = step.tensors[i];
+            engine_access(into, arg.bytes, true, "s" + std::to_string(step.id) + ": the engine fills its frame");
             pattern(0x4000 + static_cast<std::uint64_t>(step.id) * 16 + i, into, arg.bytes);
             if (i < step.spec.fills.size() && step.spec.fills[i].from_source) {
                 const FillSpec& fill = step.spec.fills[i];
@@ -1234,6 +1255,8 @@ private:
                 source.bytes = std::min(whole, arg.bytes);
                 const Use use{pointer(source), source.bytes, true, false};
                 if (!written_in_flight(use)) {  // the engine reads it: it owns it now
+                    engine_access(use.begin, use.bytes, false,
+                                  "s" + std::to_string(step.id) + " reads " + name(source));
                     compare("s" + std::to_string(step.id) + " reading " + name(source) + " for its frame", use.begin,
                             model_of(source), source.bytes, unknown_of(source));
                     std::memcpy(into, use.begin, source.bytes);
@@ -1296,6 +1319,8 @@ private:
             if (arg.where == Where::frame && steps_[static_cast<std::size_t>(arg.index)].released) continue;
             const Use use{pointer(arg), arg.bytes, false, true};
             if (written_in_flight(use, step.id, step.finish_order)) continue;
+            engine_access(use.begin, arg.bytes, false,
+                          "s" + std::to_string(step.id) + " complete: reading " + name(arg));
             compare("s" + std::to_string(step.id) + " complete, its output " + name(arg), use.begin, model_of(arg),
                     arg.bytes, unknown_of(arg));
         }
@@ -1353,7 +1378,11 @@ private:
         }
     }
     void model_finish(Step& step) {
-        if (!step.execution_ok) return;
+        if (!step.execution_ok) {
+            // Nothing is copied back, but a frame used in place holds what its kernel wrote.
+            if (step.in_place) model_in_place_writes(step);
+            return;
+        }
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
             if (arg.where == Where::device || !devstage::copies_back(arg.direction) || arg.bytes == 0) continue;
@@ -1364,6 +1393,30 @@ private:
                     steps_[static_cast<std::size_t>(arg.index)].model[static_cast<std::size_t>(arg.tensor)].size()) {
                 steps_[static_cast<std::size_t>(arg.index)].defined[static_cast<std::size_t>(arg.tensor)] = true;
             }
+        }
+    }
+
+    // The frame's own tensors as its kernel left them (the model's device copies).
+    void model_in_place_writes(Step& step) {
+        for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
+            const ArgSpec& arg = step.spec.args[i];
+            if (arg.where != Where::frame || arg.index != step.id || !devstage::copies_back(arg.direction)) continue;
+            if (arg.bytes == 0) continue;
+            std::memcpy(model_of(arg), step.staged[i].data(), arg.bytes);
+            std::memcpy(unknown_of(arg), step.staged_unknown[i].data(), arg.bytes);
+            step.defined[i] = true;
+        }
+    }
+
+    // The engine's own read (or write) of host memory: a checking backend (the deferred mock)
+    // reports pending work that still writes it (or, for a write, still reads it).
+    void engine_access(const std::byte* data, std::size_t bytes, bool writes, const std::string& what) {
+        if constexpr (devstage::HostAccessCheckBackend<B>) {
+            if (Status clear = backend_->check_host_access(data, bytes, writes); !clear) {
+                note(what + ", which pending work still uses: " + clear.message());
+            }
+        } else {
+            (void)data, (void)bytes, (void)writes, (void)what;
         }
     }
 
@@ -1753,6 +1806,8 @@ void run_on(const Config& config, Choices& choices, Report& report, int trace_fd
             return run_typed<B, Packed>(config, choices, report, trace_fd);
         case StrategyKind::per_tensor:
             return run_typed<B, PerTensor>(config, choices, report, trace_fd);
+        case StrategyKind::mapped:
+            return run_typed<B, Mapped>(config, choices, report, trace_fd);
     }
 }
 
@@ -1772,6 +1827,9 @@ inline Report run_program(const Config& config, Choices& choices, int trace_fd =
             break;
         case BackendKind::mock_no_memset:
             run_on<NoMemsetMock>(config, choices, report, trace_fd);
+            break;
+        case BackendKind::eager_mock:
+            run_on<devstage::MockBackend>(config, choices, report, trace_fd);
             break;
     }
     return report;

@@ -9,7 +9,9 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,6 +38,7 @@ struct Shim {
     std::size_t (*live_streams)(int);
     std::size_t (*live_events)(int);
     void (*fail_batch_at)(std::size_t, int);
+    std::size_t (*live_registrations)();
 
     static const Shim& get() {
         static const Shim shim = [] {
@@ -57,6 +60,8 @@ struct Shim {
             s.live_streams = reinterpret_cast<decltype(s.live_streams)>(::dlsym(handle, "shim_live_streams"));
             s.live_events = reinterpret_cast<decltype(s.live_events)>(::dlsym(handle, "shim_live_events"));
             s.fail_batch_at = reinterpret_cast<decltype(s.fail_batch_at)>(::dlsym(handle, "shim_fail_batch_at"));
+            s.live_registrations =
+                reinterpret_cast<decltype(s.live_registrations)>(::dlsym(handle, "shim_live_registrations"));
             return s;
         }();
         return shim;
@@ -656,6 +661,79 @@ TEST_CASE("ascend: aclrtMemcpyBatchAsync carries a run's copies where the librar
         REQUIRE(stager.release().ok());
     }
     CHECK(shim.live_allocations(0) == allocations);
+}
+
+TEST_CASE(
+    "ascend: map_host is aclrtHostRegister, whose device address is the kernel's, never a copy's; a MapSmall "
+    "frame then makes no copy, and without the calls it copies",
+    "[ascend][mapped]") {
+    const Shim& shim = Shim::get();
+    REQUIRE(shim.live_registrations != nullptr);
+    using Mapped = RetainedBump<ExactGrowth, 1024, MapSmall<>>;
+    STATIC_REQUIRE(AscendBackend::host_map_alignment == 4096);
+    const TensorShape shapes[] = {{2048, Direction::In}, {64, Direction::In}, {4000, Direction::Out}};
+    // The kernel: reads its inputs and writes its output through the device args.
+    const auto step = [&shapes](Stager<AscendBackend, Mapped>& stager, bool device_readable) {
+        auto frame = stager.frame(shapes);
+        REQUIRE(frame.ok());
+        std::fill(frame->host(0).begin(), frame->host(0).end(), std::byte{5});
+        auto run = stager.bind(*frame);
+        REQUIRE(run.ok());
+        if (device_readable) {  // mapped: the device args are the registration's device addresses
+            CHECK(run->device_args()[0].data != frame->host(0).data());
+            auto* out = static_cast<std::byte*>(run->device_args()[2].data);
+            CHECK(out[3999] == std::byte{0});  // zeroed by the host, in place
+            std::memcpy(out, run->device_args()[0].data, 2048);
+        }
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        if (device_readable) CHECK(frame->host(2)[2047] == std::byte{5});
+    };
+    {
+        Result<AscendBackend> npu = AscendBackend::create(0);
+        REQUIRE(npu.ok());
+        auto pinned = npu->pinned_malloc(3 * 4096);
+        REQUIRE(pinned.ok());
+        auto* const page = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(*pinned) + 4095) & ~4095ull);
+        const auto misaligned = npu->map_host(page + 64, 64);
+        CHECK_FALSE(misaligned.ok());
+        CHECK_THAT(misaligned.status().message(), Catch::Contains("aclrtHostRegister") && Catch::Contains("4K"));
+        auto device = npu->map_host(page, 4096);
+        REQUIRE(device.ok());
+        CHECK(*device != page);
+        std::memset(page, 0x11, 16);
+        CHECK(*static_cast<std::byte*>(*device) == std::byte{0x11});  // the same bytes
+        std::vector<std::byte> host(16);
+        CHECK_FALSE(npu->copy_from_device(host.data(), *device, 16).ok());  // never a copy's device side
+        CHECK_FALSE(npu->pinned_free(*pinned).ok());                        // still registered
+        CHECK(shim.live_registrations() == 1);
+        CHECK(npu->unmap_host(page).ok());
+        CHECK_FALSE(npu->unmap_host(page).ok());
+        CHECK(npu->pinned_free(*pinned).ok());
+        Stager<AscendBackend, Mapped> stager(*npu);
+        step(stager, true);
+        step(stager, true);
+        CHECK(stager.stats().mapped_runs == 2);
+        CHECK(stager.stats().uploads + stager.stats().copy_backs == 0);
+        CHECK(stager.stats().device_mallocs == 0);
+        CHECK(stager.stats().host_maps == 1);
+        REQUIRE(stager.release().ok());
+        CHECK(shim.live_registrations() == 0);
+    }
+    const char* without = std::getenv("DEVSTAGE_ACL_NO_VMM_LIBRARY");  // built without the calls too
+    REQUIRE(without != nullptr);
+    Result<AscendBackend> plain = AscendBackend::create(0, without);
+    REQUIRE(plain.ok());
+    auto pinned = plain->pinned_malloc(4096);
+    REQUIRE(pinned.ok());
+    const auto refused = plain->map_host(*pinned, 64);
+    CHECK(refused.status().code() == Errc::not_supported);
+    CHECK_THAT(refused.status().message(), Catch::Contains("no aclrtHostRegister"));
+    CHECK(plain->pinned_free(*pinned).ok());
+    Stager<AscendBackend, Mapped> stager(*plain);
+    step(stager, false);
+    CHECK(stager.stats().map_failures == 1);
+    CHECK(stager.stats().uploads == 1);
+    CHECK(stager.stats().copy_backs == 1);
 }
 
 // Runs what the command line selects, less the "[stale-handle]" case (see the suites above).

@@ -142,3 +142,44 @@ TEST_CASE("backend: SynchronousAdapter makes any Backend an AsyncBackend with an
     CHECK(adapter.stream_wait_event(*stream, *event).ok());
     CHECK(adapter.device_free(*device).ok());
 }
+
+namespace {
+// A pinned fake with the mapping operations, each removable for the negative tests.
+enum class MissingMap { nothing, alignment, odd_alignment, map_host, unmap_host };
+template <MissingMap M>
+struct FakeMapped : FakeBackend<Missing::nothing> {
+    static constexpr std::size_t host_map_alignment = M == MissingMap::odd_alignment ? 3000 : 4096;
+    devstage::Result<void*> map_host(void* host, std::size_t) noexcept requires(M != MissingMap::map_host) {
+        return host;
+    }
+    devstage::Status unmap_host(void*) noexcept requires(M != MissingMap::unmap_host) { return {}; }
+};
+struct FakeUnaligned : FakeBackend<Missing::nothing> {
+    devstage::Result<void*> map_host(void* host, std::size_t) noexcept { return host; }
+    devstage::Status unmap_host(void*) noexcept { return {}; }
+};
+struct FakeMapThrows : FakeMapped<MissingMap::map_host> {
+    devstage::Result<void*> map_host(void* host, std::size_t) { return host; }  // not noexcept
+};
+}  // namespace
+
+TEST_CASE("backend: MappedHostBackend needs map_host, unmap_host and a power-of-two host_map_alignment",
+          "[backend][concept][mapped]") {
+    STATIC_REQUIRE(devstage::MappedHostBackend<FakeMapped<MissingMap::nothing>>);
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeUnaligned>);
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeMapped<MissingMap::odd_alignment>>);
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeMapped<MissingMap::map_host>>);
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeMapped<MissingMap::unmap_host>>);
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeMapThrows>);
+    // Only pinned memory maps: a backend without it does not model the capability.
+    STATIC_REQUIRE_FALSE(devstage::MappedHostBackend<FakeBackend<Missing::pinned_malloc>>);
+    // The kernels' accesses and the host's checks are capabilities of their own.
+    STATIC_REQUIRE_FALSE(devstage::KernelAccessBackend<FakeMapped<MissingMap::nothing>>);
+    STATIC_REQUIRE_FALSE(devstage::HostAccessCheckBackend<FakeMapped<MissingMap::nothing>>);
+    STATIC_REQUIRE(devstage::MappedHostBackend<devstage::SimBackend>);
+    STATIC_REQUIRE(devstage::KernelAccessBackend<devstage::SimBackend>);
+    STATIC_REQUIRE_FALSE(devstage::HostAccessCheckBackend<devstage::SimBackend>);
+    STATIC_REQUIRE(devstage::MappedHostBackend<devstage::MockBackend>);
+    STATIC_REQUIRE(devstage::KernelAccessBackend<devstage::MockBackend>);
+    STATIC_REQUIRE(devstage::HostAccessCheckBackend<devstage::MockBackend>);
+}

@@ -55,6 +55,7 @@ struct CudaShim {
     std::size_t (*live)(int);
     int (*set_device)(int);  // the runtime's cudaSetDevice: changes the thread's current device
     void (*fail_batch_at)(std::size_t, int);
+    void (*set_can_map)(int);
 
     enum Live { streams, events, reservations, mappings, physicals };
 
@@ -77,6 +78,7 @@ struct CudaShim {
             s.live = reinterpret_cast<decltype(s.live)>(::dlsym(handle, "cuda_shim_live"));
             s.set_device = reinterpret_cast<decltype(s.set_device)>(::dlsym(handle, "cudaSetDevice"));
             s.fail_batch_at = reinterpret_cast<decltype(s.fail_batch_at)>(::dlsym(handle, "cuda_shim_fail_batch_at"));
+            s.set_can_map = reinterpret_cast<decltype(s.set_can_map)>(::dlsym(handle, "cuda_shim_set_can_map"));
             return s;
         }();
         REQUIRE(shim.set_capacity != nullptr);
@@ -373,6 +375,68 @@ TEST_CASE("cuda: is_pinned asks cudaPointerGetAttributes, and the pageable ring 
     REQUIRE(stager.release().ok());
     CHECK(gpu.device_free(*device).ok());
     CHECK(gpu.pinned_free(*pinned).ok());
+}
+
+TEST_CASE(
+    "cuda: map_host gives cudaHostGetDevicePointer's address; a device that cannot map is not_supported, "
+    "and a MapSmall stager then copies",
+    "[cuda][mapped]") {
+    const CudaShim& shim = CudaShim::get();
+    REQUIRE(shim.set_can_map != nullptr);
+    using Mapped = RetainedBump<ExactGrowth, 1024, MapSmall<>>;
+    const TensorShape shapes[] = {{4096, Direction::In}, {128, Direction::In}, {4000, Direction::Out}};
+    const auto step = [&shapes](Stager<CudaBackend, Mapped>& stager) {
+        auto frame = stager.frame(shapes);
+        REQUIRE(frame.ok());
+        std::fill(frame->host(0).begin(), frame->host(0).end(), std::byte{3});
+        auto run = stager.bind(*frame);
+        REQUIRE(run.ok());
+        // The kernel: the stand-in's device memory, mapped or not, is host memory.
+        auto* out = static_cast<std::byte*>(run->device_args()[2].data);
+        CHECK(out[3999] == std::byte{0});  // zeroed
+        std::memcpy(out, run->device_args()[0].data, 4000);
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        CHECK(frame->host(2)[3999] == std::byte{3});
+    };
+    {
+        CudaBackend gpu = make_on_shim(1);
+        CHECK(gpu.maps_host_memory());
+        auto pinned = gpu.pinned_malloc(4096);
+        REQUIRE(pinned.ok());
+        auto device = gpu.map_host(*pinned, 4096);
+        REQUIRE(device.ok());
+        CHECK(*device == *pinned);  // unified addressing
+        CHECK(gpu.unmap_host(*pinned).ok());
+        std::vector<std::byte> pageable(64);
+        const auto refused = gpu.map_host(pageable.data(), 64);  // not page-locked
+        CHECK(refused.status().code() == Errc::backend_failure);
+        CHECK_THAT(refused.status().message(), Catch::Contains("cudaHostGetDevicePointer") &&
+                                                   Catch::Contains("64 bytes") && Catch::Contains("device 1"));
+        CHECK(gpu.pinned_free(*pinned).ok());
+        Stager<CudaBackend, Mapped> stager(gpu);
+        step(stager);
+        CHECK(stager.stats().mapped_runs == 1);
+        CHECK(stager.stats().uploads + stager.stats().copy_backs == 0);
+        CHECK(stager.stats().device_mallocs == 0);
+    }
+    shim.set_can_map(0);
+    {
+        CudaBackend gpu = make_on_shim(0);
+        CHECK_FALSE(gpu.maps_host_memory());
+        auto pinned = gpu.pinned_malloc(64);
+        REQUIRE(pinned.ok());
+        const auto refused = gpu.map_host(*pinned, 64);
+        CHECK(refused.status().code() == Errc::not_supported);
+        CHECK_THAT(refused.status().message(), Catch::Contains("does not map host memory"));
+        CHECK(gpu.pinned_free(*pinned).ok());
+        Stager<CudaBackend, Mapped> stager(gpu);
+        step(stager);
+        CHECK(stager.stats().map_failures == 1);
+        CHECK(stager.stats().mapped_runs == 0);
+        CHECK(stager.stats().uploads == 1);  // the inputs and the zeroed Out
+        CHECK(stager.stats().copy_backs == 1);
+    }
+    shim.set_can_map(1);
 }
 
 TEST_CASE("cuda: failed stream and event calls name the call, the bytes, the device, the code and its text",
@@ -684,6 +748,12 @@ static_assert(std::is_same_v<decltype(&::cudaMemcpyBatchAsync),
                              cudaError_t (*)(void* const*, const void* const*, const size_t*, size_t,
                                              cudaMemcpyAttributes*, size_t*, size_t, cudaStream_t)>);
 static_assert(std::is_same_v<decltype(&::cudaRuntimeGetVersion), cudaError_t (*)(int*)>);
+
+// Mapped pinned memory.
+static_assert(cudart::device_attribute_can_map_host_memory == cudaDevAttrCanMapHostMemory);
+static_assert(cudart::device_attribute_unified_addressing == cudaDevAttrUnifiedAddressing);
+static_assert(std::is_same_v<decltype(&::cudaHostGetDevicePointer), cudaError_t (*)(void**, void*, unsigned int)>);
+static_assert(std::is_same_v<decltype(&::cudaDeviceGetAttribute), cudaError_t (*)(int*, cudaDeviceAttr, int)>);
 
 TEST_CASE("cuda: the ABI declarations match the installed cuda.h", "[cuda]") {
     SUCCEED("checked at compile time");

@@ -161,7 +161,7 @@ MockConfig deferred(std::uint32_t polls = 2) {
 }  // namespace
 
 TEST_CASE("mock: every stream operation is journaled, counted and named", "[mock][async]") {
-    STATIC_REQUIRE(devstage::mock_op_count == 24);
+    STATIC_REQUIRE(devstage::mock_op_count == 27);
     CHECK(devstage::to_string(MockOp::host_register) == "host_register");
     CHECK(devstage::to_string(MockOp::host_unregister) == "host_unregister");
     CHECK(devstage::to_string(MockOp::device_memset_async) == "device_memset_async");
@@ -898,4 +898,135 @@ TEST_CASE("mock: a deferred device_memset_async runs in stream order, holds its 
     mock.clear_failures();
     REQUIRE(mock.destroy_stream(stream).ok());
     REQUIRE(mock.device_free(device).ok());
+}
+
+// ---- mapped host memory and kernels that say what they touch ----------------------------------
+
+TEST_CASE("mock: map_host maps page-aligned pinned memory at its own address, journaled", "[mock][mapped]") {
+    MockBackend mock;
+    auto pinned = mock.pinned_malloc(3 * 4096);
+    REQUIRE(pinned.ok());
+    auto* const host = static_cast<std::byte*>(*pinned);  // the mock's blocks are page-aligned (offset 0)
+    auto mapped = mock.map_host(host, 8192);
+    REQUIRE(mapped.ok());
+    CHECK(*mapped == host);
+    CHECK(mock.live_mappings() == 1);
+    CHECK(mock.calls(MockOp::map_host) == 1);
+    CHECK(mock.journal().back().op == MockOp::map_host);
+    CHECK(mock.journal().back().bytes == 8192);
+    // Refused: misaligned, outside pinned memory, overlapping a mapping, nothing.
+    std::vector<std::byte> pageable(8192);
+    const auto refused = [&](void* at, std::size_t bytes, const char* why) {
+        auto result = mock.map_host(at, bytes);
+        CHECK(result.status().code() == Errc::invalid_argument);
+        CHECK_THAT(result.status().message(), Catch::Contains(why));
+    };
+    refused(host + 64, 64, "not aligned to 4096");
+    refused(host + 8192, 8192, "do not lie in one pinned allocation");
+    refused(pageable.data(), 64, "");
+    refused(host + 4096, 64, "overlap memory already mapped");
+    refused(host, 0, "no bytes");
+    CHECK(mock.misuses() == 5);
+    CHECK(mock.map_host(host + 8192, 4096).ok());  // the page after the mapping
+    // A mapped address is no copy's device side; pinned memory still mapped is not freed.
+    auto device = mock.device_malloc(64);
+    REQUIRE(device.ok());
+    const auto copied = mock.copy_to_device(host, *device, 16);
+    CHECK(copied.code() == Errc::invalid_argument);
+    CHECK_THAT(copied.message(), Catch::Contains("mapped host memory"));
+    const auto freed = mock.pinned_free(host);
+    CHECK(freed.code() == Errc::invalid_argument);
+    CHECK_THAT(freed.message(), Catch::Contains("still mapped"));
+    CHECK_THAT(mock.leak_report(), Catch::Contains("never unmapped"));
+    CHECK(mock.unmap_host(host).ok());
+    CHECK(mock.unmap_host(host + 8192).ok());
+    CHECK(mock.unmap_host(host).code() == Errc::unknown_pointer);
+    CHECK(mock.live_mappings() == 0);
+    CHECK(mock.pinned_free(host).ok());
+    CHECK(mock.device_free(*device).ok());
+    CHECK(mock.misuses() == 5 + 3);
+    mock.fail_call(MockOp::map_host, mock.calls(MockOp::map_host) + 1);
+    auto again = mock.pinned_malloc(4096);
+    REQUIRE(again.ok());
+    CHECK_THAT(mock.map_host(*again, 4096).status().message(), Catch::Contains("injected"));
+    CHECK(mock.pinned_free(*again).ok());
+}
+
+TEST_CASE(
+    "mock: deferred, a kernel's accesses are in use until it ran: frees, unmaps and host accesses that race "
+    "it are misuses",
+    "[mock][mapped][async]") {
+    MockBackend mock(deferred());
+    auto pinned = mock.pinned_malloc(4096);
+    auto device = mock.device_malloc(1024);
+    REQUIRE((pinned.ok() && device.ok()));
+    auto* const host = static_cast<std::byte*>(*pinned);
+    REQUIRE(mock.map_host(host, 4096).ok());
+    const Stream stream = stream_of(mock);
+    bool ran = false;
+    const devstage::KernelAccess accesses[] = {{host, 256, true, false},         // reads [0, 256)
+                                               {host + 1024, 512, false, true},  // writes [1024, 1536)
+                                               {*device, 1024, true, true}};     // device memory
+    REQUIRE(mock.launch_kernel(
+                    stream, [](void* flag) noexcept { *static_cast<bool*>(flag) = true; }, &ran, accesses)
+                .ok());
+    CHECK_FALSE(ran);
+    CHECK(mock.calls(MockOp::launch_kernel) == 1);
+    // The host: a read of what the kernel reads is fine; a write of it is not; neither touches
+    // what it writes.
+    CHECK(mock.check_host_access(host, 256, false).ok());
+    CHECK(mock.check_host_access(host + 2048, 512, true).ok());
+    const auto war = mock.check_host_access(host + 100, 8, true);
+    CHECK(war.code() == Errc::busy);
+    CHECK_THAT(war.message(), Catch::Contains("write after read") && Catch::Contains("pending kernel"));
+    const auto raw = mock.check_host_access(host + 1500, 100, false);
+    CHECK(raw.code() == Errc::busy);
+    CHECK_THAT(raw.message(), Catch::Contains("read after write") && Catch::Contains("will still write"));
+    CHECK(mock.check_host_access(host + 1024, 1, true).code() == Errc::busy);  // write after write
+    CHECK(mock.unmap_host(host).code() == Errc::busy);
+    CHECK(mock.device_free(*device).code() == Errc::busy);
+    std::vector<std::byte> copy(64);
+    CHECK(mock.copy_from_device(copy.data(), *device, 64).code() == Errc::busy);
+    CHECK(mock.misuses() == 6);
+    // A pending copy's host side counts too: a host read of what a copy back will write.
+    REQUIRE(mock.copy_from_device_async(host + 3000, *device, 64, stream).ok());
+    CHECK_THAT(mock.check_host_access(host + 3010, 1, false).message(),
+               Catch::Contains("copy_from_device_async") && Catch::Contains("will still write"));
+    REQUIRE(mock.synchronize().ok());
+    CHECK(ran);
+    CHECK(mock.check_host_access(host, 4096, true).ok());  // nothing pending now
+    CHECK(mock.misuses() == 7);
+    CHECK(mock.unmap_host(host).ok());
+    CHECK(mock.pinned_free(host).ok());
+    CHECK(mock.device_free(*device).ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
+TEST_CASE("mock: a kernel's access outside device memory and mappings is refused; eager kernels run at once",
+          "[mock][mapped][async]") {
+    MockBackend mock;
+    const Stream stream = stream_of(mock);
+    std::vector<std::byte> pageable(64);
+    bool ran = false;
+    const devstage::KernelAccess stray[] = {{pageable.data(), 64, true, false}};
+    const auto refused = mock.launch_kernel(
+        stream, [](void* flag) noexcept { *static_cast<bool*>(flag) = true; }, &ran, stray);
+    CHECK(refused.code() == Errc::invalid_argument);
+    CHECK_THAT(refused.message(), Catch::Contains("neither inside one device allocation nor inside one mapping"));
+    CHECK_FALSE(ran);
+    const devstage::KernelAccess none[] = {{nullptr, 0, true, false}};
+    REQUIRE(mock.launch_kernel(
+                    stream, [](void* flag) noexcept { *static_cast<bool*>(flag) = true; }, &ran, none)
+                .ok());
+    CHECK(ran);                                                     // eager: at the call
+    CHECK(mock.check_host_access(pageable.data(), 64, true).ok());  // eager: nothing is pending to race
+    mock.fail_when_run(MockOp::launch_kernel, mock.calls(MockOp::launch_kernel) + 1);
+    ran = false;
+    REQUIRE(mock.launch_kernel(
+                    stream, [](void* flag) noexcept { *static_cast<bool*>(flag) = true; }, &ran, none)
+                .ok());
+    CHECK_FALSE(ran);  // failed when it ran: not called
+    CHECK(mock.synchronize().code() == Errc::backend_failure);
+    mock.clear_failures();
+    REQUIRE(mock.destroy_stream(stream).ok());
 }

@@ -6,6 +6,7 @@
 // the random case runs (DEVSTAGE_SEQ_FIRST=<seed> where they start).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -58,7 +59,7 @@ std::uint64_t from_env(const char* name, std::uint64_t otherwise) {
 
 TEST_CASE("random engine programs equal their sequential run on every configuration", "[sequential]") {
     const std::uint64_t first = from_env("DEVSTAGE_SEQ_FIRST", 1);
-    const std::uint64_t programs = from_env("DEVSTAGE_SEQ_PROGRAMS", tsan ? 324 : 2592);
+    const std::uint64_t programs = from_env("DEVSTAGE_SEQ_PROGRAMS", tsan ? config_count / 4 : 2 * config_count);
     std::uint64_t failed = 0;
     std::ostringstream shown;
     std::map<std::string, std::pair<std::uint64_t, std::string>> by_failure;  // programs, and the first seeds
@@ -154,6 +155,7 @@ Config config_of(unsigned slots, unsigned streams) {
                                                                : BackendKind::slow;
     config.strategy = std::is_same_v<S, Bump>     ? StrategyKind::bump
                       : std::is_same_v<S, Packed> ? StrategyKind::packed
+                      : std::is_same_v<S, Mapped> ? StrategyKind::mapped
                                                   : StrategyKind::per_tensor;
     config.slots = slots;
     config.streams = streams;
@@ -238,7 +240,33 @@ void frame_output_fed_back(unsigned slots) {
     })));
 }
 
+// A frame's kernel fails part way: nothing is copied back, but a mapped frame holds what the
+// kernel wrote in place. Its InOut tensor is then fed into a plain run, whose output shows it.
+template <class B, class S>
+void failed_frame_fed_back(unsigned slots) {
+    CHECK_REPORT((scripted<B, S>(config_of<B, S>(slots, 1), {64, 200}, [](Runner<B, S>& r) {
+        const int f = r.begin_step(frame({frame_arg(-1, 0, 64, Direction::InOut), frame_arg(-1, 1, 200, Direction::Out),
+                                          frame_arg(-1, 2, 32, Direction::In)}));
+        if (f < 0 || !r.bind_frame(f)) return;
+        r.kernel(f);
+        r.finish(f, false);
+        r.end(f, End::wait);
+        full_step(r, plain({frame_arg(f, 0, 64, Direction::In), host_arg(0, 64, Direction::Out)}));
+        full_step(r, plain({frame_arg(f, 0, 64, Direction::In), host_arg(1, 200, Direction::InOut)}));
+    })));
+}
+
 }  // namespace
+
+TEST_CASE("a failed kernel of a frame: copied, its tensors stay; mapped, they hold what it wrote",
+          "[sequential][mapped]") {
+    for (unsigned slots : {1u, 2u}) {
+        failed_frame_fed_back<devstage::MockBackend, Packed>(slots);
+        failed_frame_fed_back<devstage::MockBackend, Mapped>(slots);
+        failed_frame_fed_back<devstage::SimBackend, Mapped>(slots);
+        failed_frame_fed_back<SlowBackend, Mapped>(slots);
+    }
+}
 
 TEST_CASE("issue 20: an InOut state incremented by two pipelined runs ends at +2", "[sequential][regression]") {
     for (unsigned slots : {1u, 2u, 3u}) {
@@ -309,4 +337,33 @@ TEST_CASE("the checker sees a wrong byte", "[sequential]") {
         CHECK(failure.find("b0: 1 of 16 bytes differ") != std::string::npos);
     }
     CHECK(report.failures.back().find("host buffer b0: 1 of 16 bytes differ") != std::string::npos);
+}
+
+TEST_CASE("the checker's mapped programs run mapped on every backend, frames in place", "[sequential]") {
+    // Programs of MapSmall on each backend kind (all of them map): their runs go through the
+    // mapped mirror, with no packed copy; the programs' checks above hold for them too.
+    std::map<BackendKind, devstage::StagerStats> seen;
+    const std::uint64_t programs = std::min(from_env("DEVSTAGE_SEQ_PROGRAMS", config_count), config_count);
+    for (std::uint64_t seed = 1; seed <= std::max<std::uint64_t>(programs, 100); ++seed) {
+        Choices choices(seed);
+        Config config = seed_config(seed, choices, 14);
+        if (config.strategy != StrategyKind::mapped) continue;
+        const Report report = run_program(config, choices);
+        INFO(report.text());
+        REQUIRE(report.ok());
+        devstage::StagerStats& sum = seen[config.backend];
+        sum.mapped_runs += report.stats.mapped_runs;
+        sum.runs += report.stats.runs;
+        sum.host_maps += report.stats.host_maps;
+        sum.map_failures += report.stats.map_failures;
+        sum.packed_args += report.stats.packed_args;
+    }
+    REQUIRE(seen.size() == 5);
+    for (const auto& [backend, sum] : seen) {
+        CAPTURE(static_cast<int>(backend), sum.runs, sum.mapped_runs, sum.host_maps);
+        CHECK(sum.mapped_runs > sum.runs / 4);
+        CHECK(sum.host_maps > 0);
+        CHECK(sum.map_failures == 0);
+        CHECK(sum.packed_args > 0);
+    }
 }

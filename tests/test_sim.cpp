@@ -505,3 +505,62 @@ TEST_CASE("sim: a host allocation failure in bookkeeping is out_of_memory, and r
     CHECK(sim.stats().live_events == 2);
     REQUIRE(sim.device_free(device).ok());
 }
+
+TEST_CASE(
+    "sim: mapped pinned memory is read and written by kernels in place, charged as link bytes without a "
+    "call's latency",
+    "[sim][mapped][link]") {
+    SimBackend sim(SimConfig{.link = devstage::SimLinkModel::uniform({4000, 50'000'000'000})});
+    auto pinned = sim.pinned_malloc(1 << 20);
+    auto device = sim.device_malloc(4096);
+    REQUIRE((pinned.ok() && device.ok()));
+    auto* const host = static_cast<std::byte*>(*pinned);
+    auto mapped = sim.map_host(host, 1 << 20);
+    REQUIRE(mapped.ok());
+    CHECK(*mapped == host);  // the device address is the host address
+    CHECK(sim.stats().host_maps == 1);
+    CHECK(sim.stats().live_mapped_bytes == 1 << 20);
+    CHECK(sim.map_host(host + 4096, 64).status().code() == Errc::invalid_argument);  // overlaps
+    std::vector<std::byte> pageable(64);
+    CHECK(sim.map_host(pageable.data(), 64).status().code() == Errc::invalid_argument);  // not pinned
+    auto stream = sim.create_stream();
+    REQUIRE(stream.ok());
+    struct Job {
+        std::byte* in;
+        std::byte* out;
+        static void run(void* self) noexcept {
+            auto* job = static_cast<Job*>(self);
+            for (int i = 0; i < 100; ++i) job->out[i] = static_cast<std::byte>(static_cast<int>(job->in[i]) + 1);
+        }
+    } job{host, host + 500'000};
+    std::fill(host, host + 100, std::byte{41});
+    const std::uint64_t before = sim.stats().modeled_ns;
+    const devstage::KernelAccess accesses[] = {{host, 250'000, true, false},            // reads 250 kB
+                                               {host + 500'000, 100'000, false, true},  // writes 100 kB
+                                               {*device, 4096, true, true}};            // device memory: free
+    REQUIRE(sim.launch_kernel(*stream, &Job::run, &job, accesses).ok());
+    REQUIRE(sim.synchronize().ok());
+    CHECK(host[500'000] == std::byte{42});
+    // 350 kB at 50 GB/s is 7 us, and no per-call latency.
+    CHECK(sim.stats().modeled_ns - before == 5000 + 2000);
+    CHECK(sim.stats().mapped_read_bytes == 250'000);
+    CHECK(sim.stats().mapped_write_bytes == 100'000);
+    CHECK(sim.stats().kernel_launches == 1);
+    // Mapped memory is no copy's or memset's device side, and is not freed while mapped.
+    std::vector<std::byte> bytes(64);
+    const auto copied = sim.copy_to_device(host, bytes.data(), 64);
+    CHECK(copied.code() == Errc::invalid_argument);
+    CHECK_THAT(copied.message(), Catch::Contains("mapped host memory"));
+    CHECK(sim.device_memset_async(host, 0, 64, *stream).code() == Errc::invalid_argument);
+    const devstage::KernelAccess stray[] = {{bytes.data(), 64, true, false}};
+    CHECK(sim.launch_kernel(*stream, &Job::run, &job, stray).code() == Errc::invalid_argument);
+    const auto freed = sim.pinned_free(host);
+    CHECK(freed.code() == Errc::invalid_argument);
+    CHECK_THAT(freed.message(), Catch::Contains("still mapped"));
+    CHECK(sim.unmap_host(host).ok());
+    CHECK(sim.unmap_host(host).code() == Errc::unknown_pointer);
+    CHECK(sim.stats().live_mapped_bytes == 0);
+    CHECK(sim.pinned_free(host).ok());
+    CHECK(sim.device_free(*device).ok());
+    REQUIRE(sim.destroy_stream(*stream).ok());
+}

@@ -84,7 +84,10 @@ TEST_CASE("zeroing: adjacent Out slices are one call; an arg between them splits
     CHECK(mock.misuses() == 0);
 }
 
-TEST_CASE("zeroing: the packed Out group is one call, direct Out args their own", "[zeroing][packing]") {
+TEST_CASE(
+    "zeroing: the packed Out group is zeroed in the mirror and uploaded with the inputs, direct Out args "
+    "have their own call",
+    "[zeroing][packing]") {
     MockBackend mock;
     Stager<MockBackend, PackedZeroing> stager(mock);
     std::vector<std::byte> host(40000, std::byte{7});
@@ -95,7 +98,12 @@ TEST_CASE("zeroing: the packed Out group is one call, direct Out args their own"
                               {host.data() + 21000, 64, Direction::Out}};
     auto run = stager.bind(args);
     REQUIRE(run.ok());
-    CHECK(memsets(mock) == 2);
+    CHECK(memsets(mock) == 1);  // the direct Out only
+    CHECK(stager.stats().zeroing_calls == 1);
+    CHECK(stager.stats().uploads == 1);  // the In and the zeroed Out group: one packed copy
+    // The Out group: 100 and 300 bytes at 1024 each, and 64 bytes (In first, then the Outs).
+    CHECK(stager.stats().host_zeroed_bytes == 1024 + 1024 + 64);
+    CHECK(stager.stats().bytes_to_device == 1024 + 1024 + 1024 + 64);
     REQUIRE(stager.finish(std::move(*run)).ok());
     CHECK(devstage::test::same_bytes(std::span(host).subspan(1000, 20064), std::vector<std::byte>(20064)));
     CHECK(devstage::test::same_bytes(std::span(host).first(100), std::vector<std::byte>(100)));
@@ -129,9 +137,13 @@ TEST_CASE("zeroing: a memset refused at the call fails the bind; nothing is kept
     const auto stream = test::make_stream(mock);
     Stager<MockBackend, PackedZeroing> stager(mock);
     std::vector<std::byte> host(30000, std::byte{7});
+    // Two direct Out args apart (an In between), and a packed one zeroed in the mirror.
+    std::vector<std::byte> far(22000, std::byte{9});
     const TensorArg args[] = {{host.data(), 2000, Direction::In},
                               {host.data() + 2000, 100, Direction::Out},
-                              {host.data() + 3000, 20000, Direction::Out}};
+                              {host.data() + 3000, 20000, Direction::Out},
+                              {far.data(), 17000, Direction::In},
+                              {far.data() + 17000, 5000, Direction::Out}};
     for (std::uint64_t k = 1; k <= 2; ++k) {
         CAPTURE(k);
         mock.fail_call(MockOp::device_memset_async, memsets(mock) + k, Errc::out_of_memory);

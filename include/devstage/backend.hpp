@@ -12,6 +12,7 @@
 #include <bit>
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -305,6 +306,77 @@ concept HostRegisterBackend = Backend<B> && requires(B& b, void* p, std::size_t 
     { b.host_register(p, n) }
     noexcept->std::same_as<Status>;
     { b.host_unregister(p) }
+    noexcept->std::same_as<Status>;
+};
+
+// ---- mapped host memory ------------------------------------------------------------------------
+
+namespace backend_requires {
+
+/// `B::host_map_alignment`: a static constexpr power of two; map_host takes host pointers
+/// aligned to it (4096 for CANN's aclrtHostRegister, 1 where any address maps).
+template <class B>
+concept host_map_alignment = requires {
+    requires std::has_single_bit(std::integral_constant<std::size_t, B::host_map_alignment>::value);
+};
+
+/// `b.map_host(host, n)` noexcept -> Result<void*>: maps `n` bytes of page-locked host memory
+/// at `host` (from pinned_malloc) into the device's address space and returns the device
+/// address of `host`. The device address is for kernels only: never a copy's or a memset's.
+template <class B>
+concept map_host = requires(B& b, void* host, std::size_t n) {
+    { b.map_host(host, n) }
+    noexcept->std::same_as<Result<void*>>;
+};
+
+/// `b.unmap_host(host)` noexcept -> Status: undoes map_host(host, n); the memory stays pinned.
+template <class B>
+concept unmap_host = requires(B& b, void* host) {
+    { b.unmap_host(host) }
+    noexcept->std::same_as<Status>;
+};
+
+}  // namespace backend_requires
+
+/// Optional: page-locked host memory mapped for device access, so that a kernel reads and
+/// writes it in place over the link, with no copy (CUDA's mapped pinned memory, CANN's
+/// aclrtHostRegister with ACL_HOST_REGISTER_MAPPED). A Stager whose strategy maps
+/// (RetainedBump with MapSmall) puts its small args there. map_host may still refuse at run
+/// time (a device that cannot map): the Stager then copies as PackSmall does.
+/// `static_assert(devstage::MappedHostBackend<MyBackend>);`
+template <class B>
+concept MappedHostBackend = PinnedHostBackend<B> && backend_requires::host_map_alignment<B> &&
+    backend_requires::map_host<B> && backend_requires::unmap_host<B>;
+
+/// A range a kernel reads or writes, by its device address: device memory, or mapped host
+/// memory (a device address from map_host). For backends that model or check what kernels
+/// touch (KernelAccessBackend).
+/// `KernelAccess{args[i].data, args[i].bytes, true, false}` for an In arg: read, not written.
+struct KernelAccess {
+    const void* device = nullptr;
+    std::size_t bytes = 0;
+    bool reads = true;
+    bool writes = false;
+};
+
+/// Optional, for backends that model or check what kernels touch (SimBackend models mapped
+/// accesses as bytes over the link; MockBackend checks them against the host's use):
+/// `b.launch_kernel(s, fn, data, accesses)` noexcept -> Status enqueues a HostFunction standing in
+/// for a kernel that touches `accesses` (read during the call only).
+template <class B>
+concept KernelAccessBackend = HostFunctionBackend<B> &&
+    requires(B& b, typename B::Stream s, HostFunction fn, void* data, std::span<const KernelAccess> accesses) {
+    { b.launch_kernel(s, fn, data, accesses) }
+    noexcept->std::same_as<Status>;
+};
+
+/// Optional, for checking backends (MockBackend): `b.check_host_access(host, n, writes)` noexcept
+/// -> Status: the host is about to read (or, `writes`, write) `n` bytes of host memory with its
+/// own code; busy (a misuse) when pending work still writes them, or still reads them and the
+/// host writes. The Stager announces its reads and writes of a mapped mirror this way.
+template <class B>
+concept HostAccessCheckBackend = MappedHostBackend<B> && requires(B& b, const void* host, std::size_t n, bool w) {
+    { b.check_host_access(host, n, w) }
     noexcept->std::same_as<Status>;
 };
 

@@ -55,6 +55,11 @@ struct StagerStats {
     std::uint64_t batched_uploads = 0;  ///< of the uploads, batch calls of several copies (BatchCopyBackend)
     std::uint64_t batched_copy_backs = 0;  ///< of the copy-backs, batch calls of several copies
     std::uint64_t batched_copies = 0;      ///< copies those batch calls carried, both directions
+    std::uint64_t mapped_runs = 0;         ///< runs whose packed args the kernel used in a mapped mirror (MapSmall)
+    std::uint64_t host_maps = 0;           ///< mirrors mapped for the device (map_host)
+    std::uint64_t map_failures = 0;        ///< mirrors map_host refused (or mapped misaligned): their slot copies
+    std::uint64_t mapped_bytes = 0;        ///< mirror bytes mapped for the device now
+    std::uint64_t host_zeroed_bytes = 0;   ///< Out bytes zeroed in the mirror (carried by the packed upload, or mapped)
 };
 
 }  // namespace devstage

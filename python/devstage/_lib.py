@@ -80,7 +80,8 @@ STAGER_STATS_FIELDS = (
     "copy_backs", "async_uploads", "async_copy_backs", "packed_args", "mirror_copy_bytes",
     "host_waits", "hazard_stream_waits", "hazard_settles", "uploads_skipped", "copy_backs_skipped",
     "zeroing_calls", "zeroed_bytes", "zero_uploads", "batched_uploads", "batched_copy_backs", "batched_copies",
-    "ring_uploads", "ring_copy_backs", "ring_chunks", "ring_waits", "ring_bytes",
+    "ring_uploads", "ring_copy_backs", "ring_chunks", "ring_waits", "ring_bytes", "mapped_runs", "host_maps",
+    "map_failures", "mapped_bytes", "host_zeroed_bytes",
 )
 PINNED_STATS_FIELDS = (
     "live_allocations", "live_bytes", "peak_live_bytes", "cached_blocks", "cached_bytes",

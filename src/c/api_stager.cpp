@@ -454,7 +454,12 @@ devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstag
                                        s.ring_copy_backs,
                                        s.ring_chunks,
                                        s.ring_waits,
-                                       s.ring_bytes};
+                                       s.ring_bytes,
+                                       s.mapped_runs,
+                                       s.host_maps,
+                                       s.map_failures,
+                                       s.mapped_bytes,
+                                       s.host_zeroed_bytes};
         return report(Status());
     });
 }

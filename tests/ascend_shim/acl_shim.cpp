@@ -15,6 +15,13 @@
 // the workers run their tasks holding it, so a free never races a copy.
 // aclrtMemcpyBatchAsync enqueues one copy task per copy of the batch; built with
 // DEVSTAGE_SHIM_NO_BATCH the library lacks it (built so together with DEVSTAGE_SHIM_NO_VMM).
+// aclrtMallocHost memory is a shared mapping (64 bytes past a page, as ACL promises 64), so
+// that aclrtHostRegister(ptr, size, ACL_HOST_REGISTER_MAPPED, &devPtr) can give a device
+// address of its own that is not the host's: a second mapping of the same pages, which the
+// device (a test's kernel) reads and writes, and which no copy or memset accepts as device
+// memory. ptr must be 4 KiB aligned and lie in aclrtMallocHost memory; aclrtHostUnregister
+// undoes it; aclrtFreeHost of registered memory is refused. Built with DEVSTAGE_SHIM_NO_MAP the
+// library lacks both calls.
 #include <sys/mman.h>
 #include <algorithm>
 #include <condition_variable>
@@ -56,6 +63,15 @@ struct Context {
 struct Allocation {
     std::size_t bytes;
     int device;  // -1: host (aclrtMallocHost)
+};
+// The shared mapping an aclrtMallocHost pointer lies in, and a registration's second mapping.
+struct HostMapping {
+    void* base;
+    std::size_t bytes;
+};
+struct Registration {
+    std::size_t bytes;
+    HostMapping alias;
 };
 
 // Virtual memory: reservations map physical chunks contiguously from their start.
@@ -115,6 +131,8 @@ std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34
                                       std::size_t{1} << 34};
 std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
+std::map<std::uintptr_t, HostMapping> host_mappings;   // by aclrtMallocHost pointer
+std::map<std::uintptr_t, Registration> registrations;  // by registered host pointer
 std::map<void*, Stream*> streams;
 std::map<void*, std::shared_ptr<Event>> events;
 thread_local Context* current = nullptr;
@@ -384,6 +402,11 @@ int shim_device_of(const void* pointer) {
     const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
     return found == allocations.end() ? -2 : found->second.device;
 }
+/// Host ranges registered with aclrtHostRegister and not yet unregistered.
+std::size_t shim_live_registrations() {
+    std::lock_guard lock(mutex);
+    return registrations.size();
+}
 std::size_t shim_live_allocations(int device) {
     std::lock_guard lock(mutex);
     std::size_t n = 0;
@@ -519,9 +542,12 @@ aclError aclrtMallocHost(void** pointer, std::size_t size) {
     if (injected("aclrtMallocHost", code)) return code;
     if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
     if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, "size 0");
-    void* memory = std::aligned_alloc(64, (size + 63) / 64 * 64);
-    if (memory == nullptr) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    const std::size_t span = (size + 64 + 4095) / 4096 * 4096;
+    void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    void* memory = static_cast<std::byte*>(base) + 64;
     allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
+    host_mappings[reinterpret_cast<std::uintptr_t>(memory)] = HostMapping{base, span};
     *pointer = memory;
     return ACL_SUCCESS;
 }
@@ -530,10 +556,50 @@ aclError aclrtFreeHost(void* pointer) {
     const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
     if (found == allocations.end() || found->second.device >= 0)
         return fail(ACL_ERROR_INVALID_PARAM, "not a host allocation");
+    const auto at = reinterpret_cast<std::uintptr_t>(pointer);
+    for (const auto& [host, registration] : registrations) {
+        if (host < at + found->second.bytes && at < host + registration.bytes) {
+            return fail(ACL_ERROR_INVALID_PARAM, "the host memory is still registered: aclrtHostUnregister it first");
+        }
+    }
     allocations.erase(found);
-    std::free(pointer);
+    const auto mapping = host_mappings.find(at);
+    ::munmap(mapping->second.base, mapping->second.bytes);
+    host_mappings.erase(mapping);
     return ACL_SUCCESS;
 }
+#ifndef DEVSTAGE_SHIM_NO_MAP
+aclError aclrtHostRegister(void* ptr, uint64_t size, int type, void** dev_ptr) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtHostRegister", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    if (dev_ptr == nullptr || size == 0 || type != 0) return fail(ACL_ERROR_INVALID_PARAM, "bad arguments");
+    const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+    if (at % 4096 != 0) return fail(ACL_ERROR_INVALID_PARAM, "the host pointer is not 4K aligned");
+    if (!find(ptr, size, false)) return fail(ACL_ERROR_INVALID_PARAM, "not inside one aclrtMallocHost allocation");
+    for (const auto& [host, registration] : registrations) {
+        if (host < at + size && at < host + registration.bytes) return fail(ACL_ERROR_INVALID_PARAM, "registered");
+    }
+    const std::size_t pages = (size + 4095) / 4096 * 4096;
+    void* alias = ::mremap(ptr, 0, pages, MREMAP_MAYMOVE);  // the same pages at a second address
+    if (alias == MAP_FAILED) return fail(ACL_ERROR_FAILURE, "could not map the host memory for the device");
+    registrations[at] = Registration{size, HostMapping{alias, pages}};
+    *dev_ptr = alias;
+    return ACL_SUCCESS;
+}
+aclError aclrtHostUnregister(void* ptr) {
+    std::lock_guard lock(mutex);
+    aclError code;
+    if (injected("aclrtHostUnregister", code)) return code;
+    if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
+    const auto found = registrations.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (found == registrations.end()) return fail(ACL_ERROR_INVALID_PARAM, "not registered");
+    ::munmap(found->second.alias.base, found->second.alias.bytes);
+    registrations.erase(found);
+    return ACL_SUCCESS;
+}
+#endif
 aclError aclrtMemcpy(void* dst, std::size_t dest_max, const void* src, std::size_t count, int kind) {
     std::lock_guard lock(mutex);
     aclError code;

@@ -324,15 +324,16 @@ TEST_CASE("c api: Out args read as zeros unless the kernel writes them all, with
                 CHECK(std::all_of(out.begin(), out.end(), [&](unsigned char b) { return b == expected; }));
                 devstage_stager_stats stats{};
                 C_OK(devstage_stager_stats_get(stager.get(), &stats));
-                CHECK(stats.zeroing_calls == (policy == DEVSTAGE_OUTPUT_ZERO ? 2u : 0u));
+                // Packed, the Out is zeroed in the mirror and goes up with the In: no call.
+                CHECK(stats.zeroing_calls == (policy == DEVSTAGE_OUTPUT_ZERO && pack == 0 ? 2u : 0u));
                 CHECK(stats.zero_uploads == 0);  // devstage_c zeroes itself where the runtime cannot
                 stager.reset();
                 C_OK(devstage_stream_destroy(backend, stream));
             }
         }
     }
-    CHECK(fake_device_calls(async_memset.device, FAKE_DEVICE_MEMSET) == 2 * 2);
-    CHECK(fake_device_calls(sync_memset.device, FAKE_DEVICE_MEMSET) == 2 * 2);
+    CHECK(fake_device_calls(async_memset.device, FAKE_DEVICE_MEMSET) == 2);  // unpacked runs only
+    CHECK(fake_device_calls(sync_memset.device, FAKE_DEVICE_MEMSET) == 2);
     CHECK(fake_device_calls(streams_only.device, FAKE_DEVICE_MEMSET) == 0);
 }
 

@@ -608,7 +608,7 @@ TEST_CASE("c handles: the device-wide synchronize, abandon and a completion's pe
 }
 
 TEST_CASE("c handles: the stats carry every StagerStats counter, batches included", "[c_handles]") {
-    STATIC_REQUIRE(sizeof(devstage_stager_stats) == 40 * sizeof(std::uint64_t));
+    STATIC_REQUIRE(sizeof(devstage_stager_stats) == 45 * sizeof(std::uint64_t));
     devstage_backend* cuda = cuda_shim();
     if (cuda == nullptr) return;
     Backend owned(cuda);

@@ -19,7 +19,10 @@
 // memory is host (page-locked), cudaMalloc and mapped memory device, any other address
 // unregistered. cudaHostRegister refuses a range overlapping a registered one or a
 // cudaHostAlloc allocation (cudaErrorHostMemoryAlreadyRegistered); cudaHostUnregister a
-// pointer that starts no registered range (cudaErrorHostMemoryNotRegistered).
+// pointer that starts no registered range (cudaErrorHostMemoryNotRegistered). Its devices can
+// map host memory and share the host's address space (cudaDeviceGetAttribute), so
+// cudaHostGetDevicePointer gives a cudaHostAlloc pointer's own address; cuda_shim_set_can_map(0)
+// turns both attributes off.
 // Test control: the cuda_shim_* functions.
 //
 // cudaMemcpyBatchAsync copies in order, each copy checked as cudaMemcpyAsync checks it, and
@@ -123,6 +126,7 @@ std::map<std::uintptr_t, Mapping> mappings;
 std::map<CUmemGenericAllocationHandle, Physical> physicals;
 [[maybe_unused]] CUmemGenericAllocationHandle next_handle = 0;
 int vmm_supported = 1;
+int can_map = 1;
 int not_ready_answers = 0;
 unsigned last_wait_flags = ~0U;
 std::size_t fail_batch_at = SIZE_MAX;
@@ -253,6 +257,11 @@ void cuda_shim_set_vmm_supported(int supported) {
     std::lock_guard lock(mutex);
     vmm_supported = supported;
 }
+/// cudaDevAttrCanMapHostMemory and cudaDevAttrUnifiedAddressing of every device.
+void cuda_shim_set_can_map(int supported) {
+    std::lock_guard lock(mutex);
+    can_map = supported;
+}
 /// The device an allocation was made on; -1 for host memory, -2 when unknown.
 int cuda_shim_device_of(const void* pointer) {
     std::lock_guard lock(mutex);
@@ -362,6 +371,23 @@ cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
     if (memory == nullptr) return cudaErrorMemoryAllocation;
     allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
     *pointer = memory;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, int attribute, int device) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    if (value == nullptr || device < 0 || device >= device_count) return cudaErrorInvalidValue;
+    *value = attribute == 19 || attribute == 41 ? can_map : 0;  // CanMapHostMemory, UnifiedAddressing
+    return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned flags) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaHostGetDevicePointer", code)) return code;
+    touch();
+    if (device == nullptr || flags != 0 || can_map == 0 || !inside(host, 1, false)) return cudaErrorInvalidValue;
+    *device = host;  // unified addressing: the host address
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* pointer) {

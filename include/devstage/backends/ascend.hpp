@@ -76,6 +76,7 @@ public:
         }
         backend.probe_vmm();
         detail::resolve_acl_batch(backend.library_, backend.batch_);
+        detail::resolve_acl_mapped(backend.library_, backend.mapped_);
         return backend;
     }
 
@@ -89,6 +90,7 @@ public:
           vmm_(other.vmm_),
           granularity_(other.granularity_),
           batch_(other.batch_),
+          mapped_(other.mapped_),
           events_(std::move(other.events_)) {}
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
@@ -296,6 +298,35 @@ public:
         return call("aclrtUnmapMem", vmm_.unmap, 0, address);
     }
 
+    // ---- mapped host memory: aclrtHostRegister (Atlas A2, A3), where the library has it ---------
+    // The device address it gives is for kernels only: never a copy's or a memset's.
+
+    /// aclrtHostRegister takes 4 KiB-aligned pointers.
+    static constexpr std::size_t host_map_alignment = acl::host_register_alignment;
+    /// aclrtHostRegister(host, bytes, ACL_HOST_REGISTER_MAPPED, &device) on page-locked memory
+    /// (aclrtMallocHost's); not_supported when the library lacks it.
+    Result<void*> map_host(void* host, std::size_t bytes) noexcept {
+        if (mapped_.host_register == nullptr) {
+            return Status(Errc::not_supported,
+                          detail::message("ascend map_host: ", library_.path(), " has no aclrtHostRegister"));
+        }
+        void* device = nullptr;
+        if (Status s = call("aclrtHostRegister", mapped_.host_register, bytes, host, static_cast<std::uint64_t>(bytes),
+                            acl::host_register_mapped, &device);
+            !s) {
+            return s;
+        }
+        return device;
+    }
+    /// aclrtHostUnregister(host).
+    Status unmap_host(void* host) noexcept {
+        if (mapped_.host_unregister == nullptr) {
+            return Status(Errc::not_supported,
+                          detail::message("ascend unmap_host: ", library_.path(), " has no aclrtHostUnregister"));
+        }
+        return call("aclrtHostUnregister", mapped_.host_unregister, 0, host);
+    }
+
 private:
     AscendBackend() = default;
 
@@ -387,6 +418,7 @@ private:
     detail::AclVmmApi vmm_;
     std::size_t granularity_ = 0;
     detail::AclBatchApi batch_;
+    detail::AclMappedApi mapped_;
     detail::AclEventList events_;
 };
 
@@ -398,6 +430,7 @@ static_assert(SynchronizingBackend<AscendBackend>);
 static_assert(AsyncBackend<AscendBackend>);
 static_assert(VirtualMemoryBackend<AscendBackend>);
 static_assert(BatchCopyBackend<AscendBackend>);
+static_assert(MappedHostBackend<AscendBackend>);
 
 }  // namespace devstage
 

@@ -36,6 +36,11 @@ inline constexpr aclError rt_feature_not_support = 207000;
 inline constexpr aclError api_not_support = 200001;
 inline constexpr int event_recorded_status_not_ready = 0;
 inline constexpr int event_recorded_status_complete = 1;
+/// aclrtHostRegisterType: host memory mapped for the device, read and write
+/// (`aclError aclrtHostRegister(void* ptr, uint64_t size, aclrtHostRegisterType type, void** devPtr)`).
+inline constexpr int host_register_mapped = 0;
+/// aclrtHostRegister takes 4 KiB-aligned host pointers.
+inline constexpr std::size_t host_register_alignment = 4096;
 
 using aclrtDrvMemHandle = void*;
 /// aclrtPhysicalMemProp, laid out as in acl_rt.h (32 bytes on x86-64).
@@ -119,6 +124,23 @@ struct AclBatchApi {
 inline void resolve_acl_batch(const DynamicLibrary& library, AclBatchApi& api) noexcept {
     AclBatchApi found;
     if (resolve_entry_points(library, "ascend", entry_point("aclrtMemcpyBatchAsync", found.memcpy_batch_async)).ok()) {
+        api = found;
+    }
+}
+
+// aclrtHostRegister / aclrtHostUnregister (Atlas A2 and A3), when the library exports them.
+struct AclMappedApi {
+    acl::aclError (*host_register)(void*, std::uint64_t, int, void**) = nullptr;
+    acl::aclError (*host_unregister)(void*) = nullptr;
+};
+
+// Resolves both; leaves `api` empty when either is missing (never an error: the backend does
+// not map then, and a Stager copies).
+inline void resolve_acl_mapped(const DynamicLibrary& library, AclMappedApi& api) noexcept {
+    AclMappedApi found;
+    if (resolve_entry_points(library, "ascend", entry_point("aclrtHostRegister", found.host_register),
+                             entry_point("aclrtHostUnregister", found.host_unregister))
+            .ok()) {
         api = found;
     }
 }

@@ -79,6 +79,7 @@ public:
                           detail::message("cuda: device ", device_id, " requested, ", count, " device(s) present"));
         }
         if (Status bound = backend.bind(); !bound) return bound;
+        backend.probe_mapping();
         backend.vmm_.probe(std::move(driver_library_path), device_id, backend.site(), backend.api_.set_device,
                            backend.errors_);
         return backend;
@@ -90,6 +91,8 @@ public:
           errors_(other.errors_),
           batch_(other.batch_),
           host_memory_(other.host_memory_),
+          mapped_(other.mapped_),
+          maps_(other.maps_),
           device_(other.device_),
           vmm_(std::move(other.vmm_)) {}
     CudaBackend& operator=(CudaBackend&&) = delete;
@@ -252,6 +255,38 @@ public:
         return batch("cudaMemcpyBatchAsync(device to host)", host_dsts, device_srcs, sizes, count, stream);
     }
 
+    // ---- mapped pinned memory: cudaHostGetDevicePointer -------------------------------------
+    // On a device with unified addressing every cudaHostAlloc allocation is mapped for it, at
+    // its host address, and stays mapped until cudaFreeHost: map_host asks the runtime for the
+    // device address and unmap_host has nothing to undo. Memory made page-locked elsewhere maps
+    // when it was registered with cudaHostRegisterMapped.
+
+    /// Any page-locked address maps.
+    static constexpr std::size_t host_map_alignment = 1;
+    /// cudaHostGetDevicePointer(&device, host, 0) for page-locked memory (pinned_malloc's);
+    /// not_supported, naming why, on a device that cannot map host memory or has no unified
+    /// addressing (cudaDeviceGetAttribute, asked at creation).
+    Result<void*> map_host(void* host, std::size_t bytes) noexcept {
+        if (!maps_) {
+            return Status(
+                Errc::not_supported,
+                detail::message("cuda: device ", device_, " does not map host memory (",
+                                mapped_.present() ? "cudaDevAttrCanMapHostMemory or cudaDevAttrUnifiedAddressing is 0"
+                                                  : "the runtime lacks cudaHostGetDevicePointer",
+                                ")"));
+        }
+        void* device = nullptr;
+        if (Status s = call("cudaHostGetDevicePointer", mapped_.host_get_device_pointer, bytes, &device, host, 0U);
+            !s) {
+            return s;
+        }
+        return device;
+    }
+    /// Nothing to undo: the allocation stays mapped until it is freed.
+    Status unmap_host(void* /*host*/) noexcept { return {}; }
+    /// Whether map_host maps on this device (asked at creation).
+    bool maps_host_memory() const noexcept { return maps_; }
+
     // ---- virtual memory (in-place growth), through the driver API ---------------------------
     // Each call first makes the device's primary context — the runtime's — current with
     // cudaSetDevice. When the driver, an entry point or the device's support is missing,
@@ -280,6 +315,18 @@ private:
     CudaBackend() = default;
 
     Status resolve() noexcept { return detail::resolve_cuda_runtime(library_, api_, errors_); }
+
+    // Mapping needs the device to map host memory and to share the host's address space.
+    void probe_mapping() noexcept {
+        detail::resolve_cuda_mapped(library_, mapped_);
+        if (!mapped_.present()) return;
+        int can_map = 0, unified = 0;
+        maps_ = mapped_.device_get_attribute(&can_map, cudart::device_attribute_can_map_host_memory, device_) ==
+                    cudart::success &&
+                mapped_.device_get_attribute(&unified, cudart::device_attribute_unified_addressing, device_) ==
+                    cudart::success &&
+                can_map != 0 && unified != 0;
+    }
 
     detail::CallSite site() const noexcept { return {name(), device_}; }
 
@@ -341,6 +388,8 @@ private:
     detail::CudaRuntimeErrors errors_;
     detail::CudaBatchApi batch_;
     detail::CudaHostRegisterApi host_memory_;
+    detail::CudaMappedApi mapped_;
+    bool maps_ = false;
     int device_ = 0;
     detail::CudaVirtualMemory vmm_;
 };
@@ -356,6 +405,7 @@ static_assert(VirtualMemoryBackend<CudaBackend>);
 static_assert(PinnedQueryBackend<CudaBackend>);
 static_assert(BatchCopyBackend<CudaBackend>);
 static_assert(HostRegisterBackend<CudaBackend>);
+static_assert(MappedHostBackend<CudaBackend>);
 
 }  // namespace devstage
 

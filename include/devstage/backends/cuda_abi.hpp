@@ -49,6 +49,10 @@ inline constexpr int memcpy_src_access_order_stream = 1;  // enum cudaMemcpySrcA
 /// its failIdx argument.
 inline constexpr int batch_runtime_version = 12080;
 inline constexpr int batch_without_fail_index_version = 13000;
+/// enum cudaDeviceAttr: whether the device can map page-locked host memory, and shares one
+/// address space with the host (then cudaHostAlloc memory is mapped, at its host address).
+inline constexpr int device_attribute_can_map_host_memory = 19;
+inline constexpr int device_attribute_unified_addressing = 41;
 
 /// cudaMemLocation.
 struct MemLocation {
@@ -185,6 +189,25 @@ inline void resolve_cuda_batch(const DynamicLibrary& library, CudaBatchApi& api)
                                 ? library.resolve("cudaMemcpyBatchAsync", found.batch13)
                                 : library.resolve("cudaMemcpyBatchAsync", found.batch12);
     if (resolved.ok()) api = found;
+}
+
+// Mapped pinned memory, when the runtime has it (every CUDA runtime does; a stand-in may not):
+// cudaDeviceGetAttribute to ask the device, cudaHostGetDevicePointer for the device address.
+struct CudaMappedApi {
+    cudart::cudaError_t (*device_get_attribute)(int*, int, int) = nullptr;
+    cudart::cudaError_t (*host_get_device_pointer)(void**, void*, unsigned) = nullptr;
+    bool present() const noexcept { return device_get_attribute != nullptr && host_get_device_pointer != nullptr; }
+};
+
+// Resolves both entry points; leaves `api` empty when either is missing (never an error: the
+// backend then does not map, and a Stager copies).
+inline void resolve_cuda_mapped(const DynamicLibrary& library, CudaMappedApi& api) noexcept {
+    CudaMappedApi found;
+    if (resolve_entry_points(library, "cuda", entry_point("cudaDeviceGetAttribute", found.device_get_attribute),
+                             entry_point("cudaHostGetDevicePointer", found.host_get_device_pointer))
+            .ok()) {
+        api = found;
+    }
 }
 
 // How runtime calls fail: a cudaError_t and its cudaGetErrorString.

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -235,6 +236,27 @@ public:
     /// Host memory pinned in place, checked and journaled; unpinning what pending work uses: busy.
     Status host_register(void* host, std::size_t bytes) noexcept;
     Status host_unregister(void* host) noexcept;
+    // ---- mapped host memory (backends/detail/mock_mapped.hpp) -----------------------------
+    /// map_host takes pointers aligned to a page, as CANN's aclrtHostRegister does.
+    static constexpr std::size_t host_map_alignment = 4096;
+    /// Maps `bytes` of this mock's pinned memory at `host` (page-aligned, inside one pinned
+    /// allocation, overlapping no mapping); the device address is `host` itself. Journaled.
+    Result<void*> map_host(void* host, std::size_t bytes) noexcept;
+    /// Undoes map_host(host, …); busy while a pending kernel touches the mapping.
+    Status unmap_host(void* host) noexcept;
+    /// As launch_host_func, for a kernel that touches `accesses`: each must lie in one device
+    /// allocation or one mapping. Until it ran (deferred), they are in use: freeing them,
+    /// touching them synchronously or check_host_access of them is busy, as for a pending copy.
+    Status launch_kernel(Stream stream, HostFunction function, void* user_data,
+                         std::span<const KernelAccess> accesses) noexcept;
+    /// Deferred: busy (a misuse) when the host's read (or write) of [host, host + bytes) with its
+    /// own code races pending work: a kernel's access, or a copy's host side. Not journaled.
+    Status check_host_access(const void* host, std::size_t bytes, bool writes) noexcept;
+    /// Mappings made by map_host and not undone.
+    std::size_t live_mappings() const noexcept {
+        std::lock_guard lock(mutex_);
+        return mapped_.size();
+    }
 
     /// Where the leak report goes on destruction.
     void set_error_sink(ErrorSink sink) noexcept {
@@ -254,7 +276,7 @@ public:
         recorder_.fail_calls(op, k, std::numeric_limits<std::uint64_t>::max(), code);
     }
     /// Makes the k-th call of `op` — copy_to_device_async, copy_from_device_async,
-    /// device_memset_async, launch_host_func or a batch (every copy of it); other operations
+    /// device_memset_async, launch_host_func, launch_kernel or a batch (every copy of it); other operations
     /// ignore it — succeed, then fail with `code` when it runs: no byte moves, no function is
     /// called. The failure is sticky, as a device's
     /// asynchronous errors are: every later recording on that stream — and on streams that wait
@@ -356,6 +378,9 @@ public:
         describe("device", device_);
         describe("pinned", pinned_);
         registered_.report_leaks(report, "mock");
+        mapped_.for_each([&](void* base, const auto& entry) {
+            report += detail::message("mock: mapping of ", entry.bytes, " bytes at ", base, " never unmapped\n");
+        });
         engine_.report_leaks(report);
         streams_.report_leaks(report);
         if (!report.empty()) report.pop_back();
@@ -371,19 +396,7 @@ private:
     Status deallocate(MockOp op, Blocks& blocks, void* pointer) noexcept;
     Status transfer(MockOp op, const void* device, void* dst, const void* src, std::size_t bytes) noexcept;
 
-    Status check_copy(MockOp op, const void* device, const void* dst, const void* src, std::size_t bytes) noexcept {
-        if (!device_.contains(device, bytes)) {
-            return recorder_.misuse(Errc::invalid_argument,
-                                    detail::message("mock ", to_string(op), ": ", bytes, " bytes at device address ",
-                                                    device, " run outside every device allocation"));
-        }
-        if (dst == nullptr || (src == nullptr && op != MockOp::device_memset_async)) {
-            return recorder_.misuse(Errc::invalid_argument,
-                                    detail::message("mock ", to_string(op), ": null host pointer"));
-        }
-        return {};
-    }
-
+    Status check_copy(MockOp op, const void* device, const void* dst, const void* src, std::size_t bytes) noexcept;
     Status enqueue_copy(MockOp op, const detail::MockStreams::Copy& copy, Stream stream) noexcept {
         std::unique_lock lock(mutex_);
         return streams_.enqueue_copy(lock, op, stream.id, copy, [&] {
@@ -394,37 +407,14 @@ private:
     }
 
     Status enqueue_batch(MockOp op, MockOp kind, void* const* dsts, const void* const* srcs, const std::size_t* sizes,
-                         std::size_t count, Stream stream) noexcept {
-        std::unique_lock lock(mutex_);
-        if (count == 0 || count > config_.batch_copy_limit || dsts == nullptr || srcs == nullptr || sizes == nullptr) {
-            (void)recorder_.begin(op);
-            return recorder_.finish(
-                op, nullptr, 0,
-                recorder_.misuse(Errc::invalid_argument,
-                                 detail::message("mock ", to_string(op), ": a batch of ", count,
-                                                 " copies (null arrays, none, or above the limit of ",
-                                                 config_.batch_copy_limit, ")")),
-                stream.id);
-        }
-        const bool to_device = kind == MockOp::copy_to_device_async;
-        auto copy_at = [&](std::size_t i) {
-            const void* device = to_device ? dsts[i] : srcs[i];
-            const void* host = to_device ? srcs[i] : dsts[i];
-            return detail::MockStreams::Copy{dsts[i], srcs[i], sizes[i], device, host};
-        };
-        return streams_.enqueue_batch(
-            lock, op, kind, stream.id, count, copy_at, [&](const detail::MockStreams::Copy& copy) {
-                Status checked = check_copy(kind, copy.device, copy.dst, copy.src, copy.bytes);
-                if (!checked) return checked;
-                return engine_.host_hazard(kind, stream.id, copy.host, copy.bytes);
-            });
-    }
+                         std::size_t count, Stream stream) noexcept;
 
     MockConfig config_;
     mutable std::mutex mutex_;
     Blocks device_;
     Blocks pinned_;
     detail::HostRegistry registered_;
+    detail::AddressMap<char> mapped_;  // map_host's mappings (device address = host address)
     std::set<const void*> freed_;
     std::size_t device_bytes_ = 0;
     detail::MockRecorder recorder_{config_.journal};
@@ -441,9 +431,13 @@ static_assert(HostFunctionBackend<MockBackend>);
 static_assert(AsyncMemsetBackend<MockBackend>);
 static_assert(BatchCopyBackend<MockBackend>);
 static_assert(HostRegisterBackend<MockBackend>);
+static_assert(MappedHostBackend<MockBackend>);
+static_assert(KernelAccessBackend<MockBackend>);
+static_assert(HostAccessCheckBackend<MockBackend>);
 
 }  // namespace devstage
 
+#include "devstage/backends/detail/mock_mapped.hpp"  // IWYU pragma: export
 #include "devstage/backends/detail/mock_memory.hpp"  // IWYU pragma: export
 
 #endif  // DEVSTAGE_CXX20

@@ -42,22 +42,40 @@ enum class MockOp : std::uint8_t {
     copy_from_device_batch,
     host_register,
     host_unregister,
+    map_host,
+    unmap_host,
+    launch_kernel,
 };
-inline constexpr std::size_t mock_op_count = 24;
+inline constexpr std::size_t mock_op_count = 27;
 
 constexpr std::string_view to_string(MockOp op) noexcept {
-    constexpr std::array<std::string_view, mock_op_count> names{"device_malloc",        "device_free",
-                                                                "copy_to_device",       "copy_from_device",
-                                                                "pinned_malloc",        "pinned_free",
-                                                                "device_memset",        "synchronize",
-                                                                "create_stream",        "destroy_stream",
-                                                                "copy_to_device_async", "copy_from_device_async",
-                                                                "create_event",         "destroy_event",
-                                                                "record_event",         "event_ready",
-                                                                "synchronize_event",    "stream_wait_event",
-                                                                "launch_host_func",     "device_memset_async",
-                                                                "copy_to_device_batch", "copy_from_device_batch",
-                                                                "host_register",        "host_unregister"};
+    constexpr std::array<std::string_view, mock_op_count> names{"device_malloc",
+                                                                "device_free",
+                                                                "copy_to_device",
+                                                                "copy_from_device",
+                                                                "pinned_malloc",
+                                                                "pinned_free",
+                                                                "device_memset",
+                                                                "synchronize",
+                                                                "create_stream",
+                                                                "destroy_stream",
+                                                                "copy_to_device_async",
+                                                                "copy_from_device_async",
+                                                                "create_event",
+                                                                "destroy_event",
+                                                                "record_event",
+                                                                "event_ready",
+                                                                "synchronize_event",
+                                                                "stream_wait_event",
+                                                                "launch_host_func",
+                                                                "device_memset_async",
+                                                                "copy_to_device_batch",
+                                                                "copy_from_device_batch",
+                                                                "host_register",
+                                                                "host_unregister",
+                                                                "map_host",
+                                                                "unmap_host",
+                                                                "launch_kernel"};
     return names[static_cast<std::size_t>(op)];
 }
 

@@ -22,11 +22,13 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/detail/sim_bounce.hpp"
 #include "devstage/backends/detail/sim_memory.hpp"
 #include "devstage/backends/detail/sim_streams.hpp"
@@ -241,6 +243,20 @@ public:
         return streams_.launch_host_func(stream.id, function, user_data);
     }
 
+    // ---- mapped host memory and kernels (backends/detail/sim_mapped.hpp) -----------------
+    /// Any address maps: the device address of mapped memory is the host address.
+    static constexpr std::size_t host_map_alignment = 1;
+    /// Maps `bytes` of the sim's pinned memory at `host` (inside one pinned allocation, no
+    /// mapping overlapped); returns `host`. A copy or memset of it is invalid_argument.
+    Result<void*> map_host(void* host, std::size_t bytes) noexcept;
+    /// Waits until every stream is idle, then undoes map_host(host, …).
+    Status unmap_host(void* host) noexcept;
+    /// As launch_host_func, for a kernel that touches `accesses` (device memory or mapped host
+    /// memory): the link model adds what its mapped accesses move, bytes at the pinned rate
+    /// with no per-call latency (SimStats::mapped_read_bytes, mapped_write_bytes).
+    Status launch_kernel(Stream stream, HostFunction function, void* user_data,
+                         std::span<const KernelAccess> accesses) noexcept;
+
     /// Page-locked host memory: mmap'd, pre-faulted and mlock'd. When mlock is refused
     /// (RLIMIT_MEMLOCK) the allocation still succeeds, unlocked; pinned_locked() tells.
     Result<void*> pinned_malloc(std::size_t bytes) noexcept {
@@ -248,10 +264,11 @@ public:
         return memory_.pinned_malloc(bytes);
     }
 
-    /// Waits until every stream is idle, then frees.
+    /// Waits until every stream is idle, then frees (memory still mapped: invalid_argument).
     Status pinned_free(void* pointer) noexcept {
         if (on_worker()) return refuse("pinned_free");
         auto lock = lock_idle();
+        if (Status mapped = still_mapped(pointer); !mapped) return mapped;
         return memory_.pinned_free(pointer);
     }
 
@@ -346,8 +363,10 @@ private:
     // mutex_ held. Checks a copy between `host` and `device` (the two sides of dst and src).
     Status check_copy(const void* host, const void* device, std::size_t bytes, std::string_view what) noexcept {
         if (!is_device(device, bytes)) {
-            return fail(Errc::invalid_argument, detail::message("sim ", what, ": ", bytes, " bytes at device address ",
-                                                                device, " are not inside one device allocation"));
+            return fail(Errc::invalid_argument,
+                        detail::message("sim ", what, ": ", bytes, " bytes at device address ", device,
+                                        " are not inside one device allocation",
+                                        mapped_.overlaps(device, bytes) ? " (they are mapped host memory)" : ""));
         }
         if (host == nullptr) return fail(Errc::invalid_argument, detail::message("sim ", what, ": null host pointer"));
         return {};
@@ -403,6 +422,8 @@ private:
                       Stream stream, std::string_view what) noexcept;
     Status copy_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes, std::size_t count,
                       bool to_device, Stream stream, std::string_view what) noexcept;
+    // mutex_ held: invalid_argument when the pinned allocation at `pointer` is still mapped.
+    Status still_mapped(void* pointer) noexcept;
 
     // Lock order: mutex_, then the streams' queue lock; a worker takes only the queue lock, and
     // runs its tasks with no lock held.
@@ -412,6 +433,7 @@ private:
     detail::SimBounceBuffer bounce_;
     detail::SimMemory memory_{config_, stats_};
     detail::SimVirtualMemory vmm_{config_, stats_};
+    detail::AddressMap<char> mapped_;  // map_host's mappings
     detail::SimStreams streams_{bounce_, stats_};
 };
 
@@ -426,10 +448,13 @@ static_assert(HostFunctionBackend<SimBackend>);
 static_assert(AsyncMemsetBackend<SimBackend>);
 static_assert(PinnedQueryBackend<SimBackend>);
 static_assert(HostRegisterBackend<SimBackend>);
+static_assert(MappedHostBackend<SimBackend>);
+static_assert(KernelAccessBackend<SimBackend>);
 
 }  // namespace devstage
 
 #include "devstage/backends/detail/sim_async_copies.hpp"  // IWYU pragma: export
 #include "devstage/backends/detail/sim_host_memory.hpp"   // IWYU pragma: export
+#include "devstage/backends/detail/sim_mapped.hpp"        // IWYU pragma: export
 
 #endif  // DEVSTAGE_CXX20

@@ -49,6 +49,11 @@ struct SimStats {
     std::uint64_t batches = 0;
     std::uint64_t live_streams = 0, live_events = 0;
     std::uint64_t events_recorded = 0, stream_waits = 0, event_synchronizes = 0, host_functions = 0;
+    /// map_host calls that mapped, and the bytes mapped now.
+    std::uint64_t host_maps = 0, live_mapped_bytes = 0;
+    /// Kernels launched with their accesses (launch_kernel; also counted in host_functions), and
+    /// the bytes they read and wrote in mapped host memory: link bytes, in modeled_ns too.
+    std::uint64_t kernel_launches = 0, mapped_read_bytes = 0, mapped_write_bytes = 0;
 };
 
 }  // namespace devstage

@@ -462,6 +462,11 @@ typedef struct devstage_stager_stats {
     uint64_t ring_chunks;
     uint64_t ring_waits;
     uint64_t ring_bytes;
+    uint64_t mapped_runs;
+    uint64_t host_maps;
+    uint64_t map_failures;
+    uint64_t mapped_bytes;
+    uint64_t host_zeroed_bytes;
 } devstage_stager_stats;
 
 DEVSTAGE_C_API devstage_status devstage_stager_stats_get(const devstage_stager* stager, devstage_stager_stats* stats);

@@ -38,6 +38,10 @@ struct Requirement {
     /// sets these for the rest of its life once a retry happened on any of its slots.
     bool device_slack_first = false;
     bool mirror_slack_first = false;
+    /// Of device_bytes, those at the start that a mirror mapped for the device holds instead
+    /// of the device buffer (the packed region of a MapSmall run): such a strategy's buffer
+    /// needs device_bytes - mapped_bytes once its mirror is mapped. 0: none.
+    std::size_t mapped_bytes = 0;
 };
 
 /// Device memory a strategy gives back goes through here: freed at once when no stream work

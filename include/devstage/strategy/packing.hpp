@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Packing policies of RetainedBump: NoPacking (one copy per staged arg) and PackSmall<Limit>
+/// Packing policies of RetainedBump: NoPacking (one copy per staged arg), PackSmall<Limit>
 /// (args of at most Limit bytes gathered in a pinned host mirror and moved with one copy each
-/// way), and the mirror itself.
+/// way) and MapSmall<Limit> (the same mirror mapped for the device, read and written by the
+/// kernel in place: no copy), and the mirror itself.
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
@@ -35,6 +36,18 @@ struct PackSmall {
     static constexpr std::size_t limit = Limit;
 };
 
+/// As PackSmall<Limit>, with the mirror mapped for the device where the backend maps pinned
+/// host memory (MappedHostBackend): the kernel reads and writes a run's small args in the
+/// mirror, in place — no upload, no copy back; Out args are zeroed by the host. Where the
+/// backend cannot map (no such capability, or map_host refused for a slot's mirror), the slot
+/// stages as PackSmall<Limit> does. `RetainedBump<ExactGrowth, 1024, MapSmall<>>`
+template <std::size_t Limit = 16384>
+struct MapSmall {
+    static_assert(Limit > 0, "MapSmall<0> maps nothing: use NoPacking");
+    static constexpr std::size_t limit = Limit;
+    static constexpr bool map = true;
+};
+
 /// A packing policy: `P::limit`, the largest arg packed (0: none).
 template <class P>
 concept PackingPolicy = requires {
@@ -53,7 +66,8 @@ public:
         : allocation_(std::exchange(other.allocation_, nullptr)),
           data_(std::exchange(other.data_, nullptr)),
           capacity_(std::exchange(other.capacity_, 0)),
-          allocated_(std::exchange(other.allocated_, 0)) {}
+          allocated_(std::exchange(other.allocated_, 0)),
+          device_(std::exchange(other.device_, nullptr)) {}
     PinnedMirror(const PinnedMirror&) = delete;
     PinnedMirror& operator=(const PinnedMirror&) = delete;
     PinnedMirror& operator=(PinnedMirror&&) = delete;
@@ -64,11 +78,15 @@ public:
     /// `target` cannot be had. The exact size is asked for first and over-allocated only when
     /// the pointer comes back misaligned (StagerStats::mirror_alignment_retries), or at once
     /// when `slack_first`. `keep`: the old mirror is freed only once the new one
-    /// exists, so a failure keeps it. Precondition: no pending work reads or writes the mirror
-    /// (the Stager waits for a packed slot before it binds it again).
+    /// exists, so a failure keeps it. `map`: a new mirror is mapped for the device where the
+    /// backend can (MappedHostBackend; its device address must be aligned as the mirror is,
+    /// else it is unmapped again): device() then gives its device address. A map refused is
+    /// counted (StagerStats::map_failures) and leaves the mirror unmapped, not an error.
+    /// Precondition: no pending work reads or writes the mirror (the Stager waits for a packed
+    /// slot before it binds it again).
     template <Backend B>
     Status ensure(B& backend, std::size_t target, std::size_t required, std::size_t alignment, StagerStats& stats,
-                  bool keep = false, bool slack_first = false) noexcept {
+                  bool keep = false, bool slack_first = false, bool map = false) noexcept {
         static_assert(PinnedHostBackend<B>,
                       "PackSmall needs a PinnedHostBackend: the packed mirror is page-locked host memory "
                       "(pinned_malloc/pinned_free), which is what lets one copy each way move a run's small args");
@@ -87,35 +105,80 @@ public:
                                                 " bytes of pinned host memory from backend '", backend.name(),
                                                 "': ", cause.message()));
         }
+        if (map) map_for_device(backend, alignment, stats);
         return {};
     }
 
-    /// Gives the mirror back to the backend; it is empty afterwards even if the free failed.
+    /// Gives the mirror back to the backend (unmapped first); it is empty afterwards even if
+    /// a call failed. A mirror whose unmap fails is not freed (the backend may still map it):
+    /// it stays allocated, and the failure is returned.
     template <Backend B>
     Status release(B& backend, StagerStats& stats) noexcept {
         if (allocation_ == nullptr) return {};
         Status status;
-        if constexpr (PinnedHostBackend<B>) status = backend.pinned_free(allocation_);
+        if constexpr (MappedHostBackend<B>) {
+            if (device_ != nullptr) {
+                status = backend.unmap_host(data_);
+                stats.mapped_bytes -= capacity_;
+                device_ = nullptr;
+                if (!status) {
+                    status = Status(status.code(), message("packed mirror unmap failed on backend '", backend.name(),
+                                                           "': ", status.message(), "; the mirror (", allocated_,
+                                                           " bytes) stays allocated"));
+                }
+            }
+        }
+        if constexpr (PinnedHostBackend<B>) {
+            if (status.ok()) {
+                status = backend.pinned_free(allocation_);
+                if (!status) {
+                    status = Status(status.code(), message("packed mirror free failed on backend '", backend.name(),
+                                                           "': ", status.message()));
+                }
+            }
+        }
         stats.mirror_bytes -= allocated_;
         allocation_ = data_ = nullptr;
         capacity_ = allocated_ = 0;
-        if (!status) {
-            return Status(status.code(),
-                          message("packed mirror free failed on backend '", backend.name(), "': ", status.message()));
-        }
         return status;
     }
 
     void abandon(StagerStats& stats) noexcept {
         stats.mirror_bytes -= allocated_;
+        if (device_ != nullptr) stats.mapped_bytes -= capacity_;
         allocation_ = data_ = nullptr;
+        device_ = nullptr;
         capacity_ = allocated_ = 0;
     }
 
     std::byte* data() const noexcept { return data_; }
     std::size_t capacity() const noexcept { return capacity_; }
+    /// The device address of data() where the mirror is mapped (MapSmall), else null.
+    void* device() const noexcept { return device_; }
 
 private:
+    template <Backend B>
+    void map_for_device(B& backend, std::size_t alignment, StagerStats& stats) noexcept {
+        if constexpr (MappedHostBackend<B>) {
+            Result<void*> device = backend.map_host(data_, capacity_);
+            if (device && reinterpret_cast<std::uintptr_t>(*device) % alignment != 0) {
+                (void)backend.unmap_host(data_);  // device slices would be misaligned: copy instead
+                device = Status(Errc::backend_failure, "misaligned");
+            }
+            if (!device) {
+                ++stats.map_failures;
+                return;
+            }
+            device_ = *device;
+            ++stats.host_maps;
+            stats.mapped_bytes += capacity_;
+        } else {
+            (void)backend;
+            (void)alignment;
+            (void)stats;
+        }
+    }
+
     // Takes `bytes` from an `alignment`-aligned base: exactly first, with slack when misaligned
     // (or at once, `slack_first`). On success a mirror still held (grown with keep) is freed and
     // replaced.
@@ -153,6 +216,7 @@ private:
     std::byte* data_ = nullptr;   // aligned
     std::size_t capacity_ = 0;
     std::size_t allocated_ = 0;
+    void* device_ = nullptr;  // mapped: the device address of data_
 };
 
 }  // namespace detail

@@ -9,6 +9,7 @@
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -62,6 +63,7 @@ template <GrowthPolicy Growth = ExactGrowth, std::size_t Alignment = 1024, Packi
 class RetainedBump {
     static_assert(Alignment > 0 && (Alignment & (Alignment - 1)) == 0, "Alignment must be a power of two");
     static constexpr bool packs = Packing::limit > 0;
+    static constexpr bool maps = packs && requires { requires Packing::map; };
     struct NoMirror {};
 
 public:
@@ -84,25 +86,31 @@ public:
     ~RetainedBump() = default;  // the owner releases or abandons the buffer first
 
     /// Makes the slot hold at least `need.device_bytes` (and, packing, a mirror of at least
-    /// `need.mirror_bytes`).
+    /// `need.mirror_bytes`). Mapping (MapSmall on a MappedHostBackend), the mirror comes first:
+    /// once it is mapped the buffer needs only `need.device_bytes - need.mapped_bytes`.
     template <Backend B>
     Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
+        if constexpr (maps && MappedHostBackend<B>) {
+            if (Status mirrored = prepare_mirror(backend, need, stats); !mirrored) return mirrored;
+            Requirement device = need;
+            device.device_bytes = device_need(need);
+            if (device.device_bytes > capacity_) return grow(backend, device, stats, queue);
+            return {};
+        }
         if (need.device_bytes > capacity_) {
             if (Status grown = grow(backend, need, stats, queue); !grown) return grown;
         }
-        if constexpr (packs) {
-            if (need.mirror_bytes > mirror_.capacity()) {
-                Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
-                const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
-                if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, Alignment, stats, need.keep,
-                                                     need.mirror_slack_first);
-                    !mirrored) {
-                    ++stats.grow_failures;
-                    return mirrored;
-                }
-            }
-        }
+        if constexpr (packs) return prepare_mirror(backend, need, stats);
         return {};
+    }
+
+    /// The device buffer bytes `need` takes of this slot as its mirror is now: without the
+    /// packed region where the mirror is mapped for the device.
+    std::size_t device_need(const Requirement& need) const noexcept {
+        if constexpr (maps) {
+            if (mirror_.device() != nullptr) return need.device_bytes - std::min(need.mapped_bytes, need.device_bytes);
+        }
+        return need.device_bytes;
     }
 
     /// Writes the slice for one planned tensor into `lease`. Precondition: prepare() succeeded
@@ -196,8 +204,31 @@ public:
         if constexpr (packs) return mirror_.capacity();
         return 0;
     }
+    /// The device address of the mirror where it is mapped for the device (MapSmall on a
+    /// MappedHostBackend whose map_host took it), else null: a slot then copies.
+    void* mirror_device() const noexcept {
+        if constexpr (maps) return mirror_.device();
+        return nullptr;
+    }
 
 private:
+    template <Backend B>
+    Status prepare_mirror(B& backend, const Requirement& need, StagerStats& stats) noexcept {
+        if (need.mirror_bytes <= mirror_.capacity()) return {};
+        // A mapped mirror starts where map_host takes it (4 KiB for ACL).
+        std::size_t alignment = Alignment;
+        if constexpr (maps && MappedHostBackend<B>) alignment = std::max(Alignment, B::host_map_alignment);
+        Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
+        const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
+        if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, alignment, stats, need.keep,
+                                             need.mirror_slack_first, maps);
+            !mirrored) {
+            ++stats.grow_failures;
+            return mirrored;
+        }
+        return {};
+    }
+
     template <Backend B>
     Status grow(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
         const std::size_t required = need.device_bytes;

@@ -77,6 +77,16 @@ public:
         return found == map_.end() ? nullptr : const_cast<void*>(found->first);
     }
 
+    /// True when [pointer, pointer + bytes) overlaps an allocation (the allocations are disjoint).
+    bool overlaps(const void* pointer, std::size_t bytes) const {
+        if (bytes == 0) return false;
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): a key to compare, never dereferenced
+        auto next = map_.upper_bound(reinterpret_cast<const void*>(key(pointer) + (bytes - 1)));
+        if (next == map_.begin()) return false;
+        const auto candidate = std::prev(next);
+        return key(candidate->first) + candidate->second.bytes > key(pointer);
+    }
+
     std::size_t size() const noexcept { return map_.size(); }
     bool empty() const noexcept { return map_.empty(); }
     template <class F>

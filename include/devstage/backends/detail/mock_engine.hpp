@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/backends/detail/address_map.hpp"
@@ -55,6 +56,7 @@ public:
         int value = 0;                 // device_memset_async
         HostFunction function = nullptr;
         void* user_data = nullptr;
+        std::vector<KernelAccess> accesses;    // launch_kernel: what the kernel reads and writes
         std::shared_ptr<Recording> recording;  // record_event: completes it; stream_wait_event: waits for it
         Status failure;                        // fail_when_run: reported instead of running
     };
@@ -180,6 +182,12 @@ public:
         const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
         for (const auto& [id, stream] : streams_) {
             for (const Pending& pending : stream.queue) {
+                if (const KernelAccess* access = touched_by(pending, pointer, bytes); access != nullptr) {
+                    return recorder_.misuse(
+                        Errc::busy, message("mock ", to_string(op), ": ", bytes, " bytes at ", pointer,
+                                            " are used by a pending kernel (it ", access->writes ? "writes " : "reads ",
+                                            access->bytes, " bytes at ", access->device, ") on stream ", id));
+                }
                 const bool memset = pending.op == MockOp::device_memset_async;
                 if (pending.op != MockOp::copy_to_device_async && pending.op != MockOp::copy_from_device_async &&
                     !(memset && side == Side::device)) {
@@ -240,6 +248,39 @@ public:
         return {};
     }
 
+    /// Deferred mode only: the host is about to read (`writes` false) or write `bytes` at `host`
+    /// with its own code (MockBackend::check_host_access). Busy (a misuse) when a pending
+    /// kernel writes that memory, or reads it and the host writes; or when a pending copy's host
+    /// side conflicts the same way (a copy from the device writes host memory, one to it reads).
+    /// A host function's own accesses are stream work, never hazards.
+    Status host_access_hazard(const void* host, std::size_t bytes, bool writes) noexcept {
+        if (!deferred_ || bytes == 0 || in_host_function()) return {};
+        for (const auto& [id, queue] : streams_) {
+            for (const Pending& pending : queue.queue) {
+                const KernelAccess* access = touched_by(pending, host, bytes);
+                const bool copy_writes = pending.op == MockOp::copy_from_device_async;
+                const bool copy = copy_writes || pending.op == MockOp::copy_to_device_async;
+                if (access == nullptr && !(copy && overlap_of(pending.host, pending.bytes, host, bytes))) continue;
+                const bool pending_writes = access != nullptr ? access->writes : copy_writes;
+                if (!writes && !pending_writes) continue;  // two reads never conflict
+                const char* kind = !writes          ? "read after write"
+                                   : pending_writes ? "write after write"
+                                                    : "write after read";
+                return recorder_.misuse(
+                    Errc::busy,
+                    message("mock check_host_access: ", kind, ": the host ", writes ? "writes " : "reads ", bytes,
+                            " bytes at ", host, ", which ",
+                            access != nullptr ? message("a pending kernel on stream ", id, " will still ",
+                                                        access->writes ? "write" : "read", " (", access->bytes,
+                                                        " bytes at ", access->device, ")")
+                                              : message("pending ", to_string(pending.op), " of ", pending.bytes,
+                                                        " bytes on stream ", id, " (host ", pending.host,
+                                                        ") will still ", copy_writes ? "write" : "read")));
+            }
+        }
+        return {};
+    }
+
     // ---- observation ------------------------------------------------------------------------
     std::size_t live_streams() const noexcept { return streams_.size(); }
     /// Enqueued operations that have not run yet.
@@ -256,6 +297,20 @@ public:
     }
 
 private:
+    static bool overlap_of(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) noexcept {
+        const auto x = reinterpret_cast<std::uintptr_t>(a);
+        const auto y = reinterpret_cast<std::uintptr_t>(b);
+        return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+    }
+    // The first access of a pending kernel that overlaps [pointer, pointer + bytes), or null.
+    static const KernelAccess* touched_by(const Pending& pending, const void* pointer, std::size_t bytes) noexcept {
+        for (const KernelAccess& access : pending.accesses) {
+            if ((access.reads || access.writes) && overlap_of(access.device, access.bytes, pointer, bytes))
+                return &access;
+        }
+        return nullptr;
+    }
+
     // The engine whose host function runs on this thread, if any.
     static const MockEngine*& host_function_owner() noexcept {
         thread_local const MockEngine* owner = nullptr;
@@ -327,7 +382,7 @@ private:
         } else if (head.op == MockOp::stream_wait_event) {
             // Work after the wait depends on the failed work: the stream inherits its failure.
             if (stream.failure.ok()) stream.failure = head.recording->failure;
-        } else if (head.op == MockOp::launch_host_func) {
+        } else if (head.op == MockOp::launch_host_func || head.op == MockOp::launch_kernel) {
             const HostFunction function = head.function;
             void* user_data = head.user_data;
             stream.running = true;

@@ -65,6 +65,13 @@ inline Status MockBackend::deallocate(MockOp op, Blocks& blocks, void* pointer) 
         return recorder_.finish(op, pointer, 0, std::move(injected));
     }
     if (const auto* live = blocks.at(pointer); live != nullptr) {
+        if (op == MockOp::pinned_free && mapped_.overlaps(pointer, live->bytes)) {
+            return recorder_.finish(
+                op, pointer, live->bytes,
+                recorder_.misuse(Errc::invalid_argument,
+                                 detail::message("mock pinned_free: ", static_cast<const void*>(pointer),
+                                                 " is still mapped for the device: unmap_host it first")));
+        }
         const Side side = op == MockOp::device_free ? Side::device : Side::host;
         if (Status clear = engine_.used_by_pending(op, pointer, live->bytes, side); !clear) {
             return recorder_.finish(op, pointer, live->bytes, std::move(clear));

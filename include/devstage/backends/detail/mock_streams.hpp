@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -178,7 +179,7 @@ public:
         if (!without_bad_alloc([&] {
                 recording = std::make_shared<Recording>();
                 recording->stream = stream;
-                seq = engine_.push(*target, Pending{.op = op, .recording = recording, .failure = {}});
+                seq = engine_.push(*target, Pending{.op = op, .accesses = {}, .recording = recording, .failure = {}});
             })) {
             return recorder_.finish(op, nullptr, 0, host_exhausted(op), stream, event);
         }
@@ -239,7 +240,8 @@ public:
         }
         std::uint64_t seq = 0;
         if (!without_bad_alloc([&] {
-                seq = engine_.push(*target, Pending{.op = op, .recording = recorded->second, .failure = {}});
+                seq = engine_.push(*target,
+                                   Pending{.op = op, .accesses = {}, .recording = recorded->second, .failure = {}});
             })) {
             return recorder_.finish(op, nullptr, 0, host_exhausted(op), stream, event);
         }
@@ -249,30 +251,20 @@ public:
 
     Status launch_host_func(std::unique_lock<std::mutex>& lock, std::uint32_t stream, HostFunction function,
                             void* user_data) noexcept {
-        constexpr MockOp op = MockOp::launch_host_func;
-        if (Status refused = begin(op); !refused) return recorder_.finish(op, user_data, 0, std::move(refused), stream);
-        const std::uint64_t call = recorder_.calls(op);
-        MockEngine::StreamState* target = engine_.find_stream(stream);
-        if (target == nullptr) {
-            return recorder_.finish(op, user_data, 0, unknown_stream(op, stream), stream);
-        }
-        if (function == nullptr) {
-            return recorder_.finish(
-                op, user_data, 0,
-                recorder_.misuse(Errc::invalid_argument, message("mock launch_host_func: null function")), stream);
-        }
-        std::uint64_t seq = 0;
-        if (!without_bad_alloc([&] {
-                seq = engine_.push(*target, Pending{.op = op,
-                                                    .function = function,
-                                                    .user_data = user_data,
-                                                    .recording = {},
-                                                    .failure = recorder_.failure_when_run(op, call, stream)});
-            })) {
-            return recorder_.finish(op, user_data, 0, host_exhausted(op), stream);
-        }
-        (void)recorder_.finish(op, user_data, 0, {}, stream);
-        return engine_.settle(lock, stream, seq);
+        return launch(lock, MockOp::launch_host_func, stream, function, user_data, {}, [] { return Status(); });
+    }
+
+    /// A host function standing in for a kernel that touches `accesses`, each first checked by
+    /// `check(access)`: until it ran, they are in use (see MockEngine::used_by_pending).
+    template <class Check>
+    Status launch_kernel(std::unique_lock<std::mutex>& lock, std::uint32_t stream, HostFunction function,
+                         void* user_data, std::span<const KernelAccess> accesses, Check&& check) noexcept {
+        return launch(lock, MockOp::launch_kernel, stream, function, user_data, accesses, [&] {
+            for (const KernelAccess& access : accesses) {
+                if (Status checked = check(access); !checked) return checked;
+            }
+            return Status();
+        });
     }
 
     // ---- observation ----------------------------------------------------------------------
@@ -287,6 +279,36 @@ private:
     using Pending = MockEngine::Pending;
     using Target = MockEngine::Target;
     using Events = std::map<std::uint32_t, std::shared_ptr<Recording>>;
+
+    template <class Check>
+    Status launch(std::unique_lock<std::mutex>& lock, MockOp op, std::uint32_t stream, HostFunction function,
+                  void* user_data, std::span<const KernelAccess> accesses, Check&& check) noexcept {
+        if (Status refused = begin(op); !refused) return recorder_.finish(op, user_data, 0, std::move(refused), stream);
+        const std::uint64_t call = recorder_.calls(op);
+        MockEngine::StreamState* target = engine_.find_stream(stream);
+        if (target == nullptr) {
+            return recorder_.finish(op, user_data, 0, unknown_stream(op, stream), stream);
+        }
+        if (function == nullptr) {
+            return recorder_.finish(
+                op, user_data, 0,
+                recorder_.misuse(Errc::invalid_argument, message("mock ", to_string(op), ": null function")), stream);
+        }
+        if (Status checked = check(); !checked) return recorder_.finish(op, user_data, 0, std::move(checked), stream);
+        std::uint64_t seq = 0;
+        if (!without_bad_alloc([&] {
+                seq = engine_.push(*target, Pending{.op = op,
+                                                    .function = function,
+                                                    .user_data = user_data,
+                                                    .accesses = {accesses.begin(), accesses.end()},
+                                                    .recording = {},
+                                                    .failure = recorder_.failure_when_run(op, call, stream)});
+            })) {
+            return recorder_.finish(op, user_data, 0, host_exhausted(op), stream);
+        }
+        (void)recorder_.finish(op, user_data, 0, {}, stream);
+        return engine_.settle(lock, stream, seq);
+    }
 
     // The recorder's begin(), and the refusal of a stream or event operation from a host
     // function.
@@ -326,6 +348,7 @@ private:
                                                .device = copy.device,
                                                .host = copy.host,
                                                .value = copy.value,
+                                               .accesses = {},
                                                .recording = {},
                                                .failure = std::move(failure)});
         });

@@ -126,6 +126,11 @@ public:
     bool pinned_contains(const void* pointer, std::size_t bytes) const noexcept {
         return pinned_.contains(pointer, bytes) || registered_.contains(pointer, bytes);
     }
+    /// The bytes of the pinned allocation starting at `base`; 0 when there is none.
+    std::size_t pinned_size(const void* base) const noexcept {
+        const auto* entry = pinned_.at(base);
+        return entry == nullptr ? 0 : entry->bytes;
+    }
     /// True when `pointer` lies in a pinned allocation or registered range that is really
     /// page-locked.
     bool pinned_locked(const void* pointer) const noexcept {

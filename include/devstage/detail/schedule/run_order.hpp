@@ -12,9 +12,12 @@
 //   host_now       the host reads it during bind (a packed arg gathered into the mirror, a
 //                  pageable arg filling ring chunks);
 //   host_deferred  the host writes it when the run is settled (a packed output unpacked from
-//                  the mirror), which is after the run's own work completed.
+//                  the mirror), which is after the run's own work completed;
+//   in_place       the run's kernel reads it where it lies, in a mapped mirror (a live mapped
+//                  frame's input): no copy marks when that ends, so nothing is ordered after it.
 // The rules (`order_for`): two reads never conflict. A live run (bound, not finished) that will
-// write what the new run touches cannot be ordered before work it has not enqueued: refused.
+// write what the new run touches cannot be ordered before work it has not enqueued: refused; so
+// is writing what a live run's kernel reads in place.
 // A host_now read of what a run in flight writes, or a device access of what a run in flight
 // writes host_deferred, needs that run settled on the host first. Two host_deferred writes
 // are ordered on the device and then settled in finish order. Everything else is a stream
@@ -32,7 +35,7 @@
 namespace devstage::detail {
 
 /// How a run touches one arg's host memory (see the file comment).
-enum class Touch : std::uint8_t { none, device, host_now, host_deferred };
+enum class Touch : std::uint8_t { none, device, host_now, host_deferred, in_place };
 
 /// What a new run needs before it may use host memory that a run in flight also uses; the
 /// stronger need wins when several conflicts meet (refuse strongest).
@@ -63,6 +66,7 @@ constexpr Need order_for(Touch new_read, Touch new_write, Touch old_read, Touch 
             raise(Need::stream_wait);
         }
     }
+    if (old_read == Touch::in_place && new_write != Touch::none) return Need::refuse;
     if (old_read == Touch::device && new_write != Touch::none) {  // write after read
         raise(live ? Need::after_uploads : Need::stream_wait);
     }

@@ -114,11 +114,12 @@ Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<cons
     slot.all_packed = frame;
     bool enqueued = false;
     Status staged;
+    const bool zero = outputs_ == OutputPolicy::zero;  // the packed Outs are zeroed in the mirror
     if constexpr (pack_limit > 0) {
-        staged = frame ? moves().template stage<true>(slot, args, stream, enqueued)
-                       : moves().template stage<false>(slot, args, stream, enqueued);
+        staged = frame ? moves().template stage<true>(slot, args, stream, enqueued, zero)
+                       : moves().template stage<false>(slot, args, stream, enqueued, zero);
     } else {
-        staged = moves().template stage<false>(slot, args, stream, enqueued);
+        staged = moves().template stage<false>(slot, args, stream, enqueued, zero);
     }
     if (!staged) return failed_bind(slot, stream, enqueued, staged);
     Result<StagedRun> run = bound(index, args.size(), stream, enqueued);
@@ -136,6 +137,7 @@ Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t coun
             return failed_bind(slot, stream, enqueued, zeroed);
         }
     }
+    if constexpr (detail::maps_of<Strategy>()) stats_.mapped_runs += slot.mapped ? 1 : 0;
     slot.live = true;
     slot.uploads_pending = enqueued && !immediate;
     slot.run_leases = true;
@@ -265,11 +267,19 @@ template <Backend B, class Strategy>
 Status Stager<B, Strategy>::grow(std::size_t index, const StagingLayout& layout, bool keep) noexcept {
     Slot& slot = slots_[index];
     // Once the backend misaligned an allocation, the slack is asked for at once from then on.
-    const Requirement need{layout.required_bytes, pack_limit > 0 ? layout.packed_bytes : 0, keep,
-                           stats_.alignment_retries > 0, stats_.mirror_alignment_retries > 0};
+    // A mapped mirror holds the packed region instead of the device buffer; reserve (keep)
+    // grows the buffer to the whole size, so that any run up to it fits, mapped or not.
+    const Requirement need{layout.required_bytes,
+                           pack_limit > 0 ? layout.packed_bytes : 0,
+                           keep,
+                           stats_.alignment_retries > 0,
+                           stats_.mirror_alignment_retries > 0,
+                           detail::maps_of<Strategy>() && !keep ? layout.packed_bytes : 0};
     if constexpr (retained) {
         const std::size_t mirror = detail::mirror_capacity_of(slot.strategy);
-        if (need.device_bytes <= slot.strategy.capacity() && need.mirror_bytes <= mirror) return {};
+        if (detail::device_need_of(slot.strategy, need) <= slot.strategy.capacity() && need.mirror_bytes <= mirror) {
+            return {};
+        }
         // The host frees and rewrites the mirror as it grows: no pending work may use it.
         if (slot.uses_mirror && need.mirror_bytes > mirror) {
             if (Status settled = settle_fully(index, "grow"); !settled) return settled;
@@ -309,7 +319,9 @@ Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, c
     stats_.copy_backs_skipped += slot.staged - (backs.calls + backs.failed + backs.packed);
     if constexpr (BatchCopyBackend<Async>) stats_.copy_backs_skipped -= backs.batched;
     if constexpr (pack_limit > 0) {
-        if (backs.packed > 0) {
+        if (backs.packed > 0 && slot.mapped) {
+            slot.unpack = true;  // the kernel wrote them in the mapped mirror: no copy
+        } else if (backs.packed > 0) {
             if (Status back = moves().packed_copy_back(slot, stream, backs); !back && first.ok()) first = back;
         }
     }

@@ -114,8 +114,9 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                   on_backend(message("stager bind: arg ", index, " (", arg.bytes, " bytes at ",
                                      static_cast<const void*>(arg.data), ") overlaps a copied-back arg (", bytes,
                                      " bytes at ", host, ") of the live run on slot ", slot,
-                                     ", which has not been finished: it would read or write stale data; finish that "
-                                     "run first (finished on one stream, the copy-back is ordered before this bind's "
+                                     ", which has not been finished (or an input its kernel reads in place, in a "
+                                     "mapped frame): it would read or write stale data; finish that run first "
+                                     "(finished on one stream, the copy-back is ordered before this bind's "
                                      "uploads)"),
                              backend));
 }

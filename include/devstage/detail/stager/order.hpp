@@ -175,7 +175,11 @@ void Stager<B, Strategy>::old_touch(const Slot& slot, const TensorLease& lease, 
     using detail::Touch;
     const bool packed = slot.packed(lease);
     const bool device_pending = slot.live ? slot.uploads_pending : slot.fence.pending();
-    if (lease.upload && (!packed || slot.all_packed) && device_pending) read = Touch::device;
+    if (lease.upload && packed && slot.all_packed && slot.mapped && slot.live) {
+        read = Touch::in_place;  // a live mapped frame: its kernel reads the frame itself
+    } else if (lease.upload && (!packed || slot.all_packed) && device_pending) {
+        read = Touch::device;
+    }
     if (lease.copy_back) {
         if (slot.live || !packed || slot.all_packed) {
             write = slot.live || slot.fence.pending() ? Touch::device : Touch::none;

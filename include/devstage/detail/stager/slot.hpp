@@ -5,6 +5,7 @@
 // the small helpers around it.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -28,6 +29,7 @@
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/strategy/concept.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
@@ -76,6 +78,37 @@ std::size_t mirror_capacity_of(const S& strategy) noexcept {
     }
 }
 
+/// True when a strategy maps its mirror for the device where the backend can (MapSmall).
+template <class S>
+constexpr bool maps_of() noexcept {
+    if constexpr (requires { requires S::packing::map; }) {
+        return true;
+    } else {
+        return false;
+    }
+}
+
+/// The device address of a strategy's mapped mirror; null when it is not mapped (or the
+/// strategy does not map): its runs then copy.
+template <class S>
+void* mapped_mirror_of(const S& strategy) noexcept {
+    if constexpr (maps_of<S>()) {
+        return strategy.mirror_device();
+    } else {
+        return nullptr;
+    }
+}
+
+/// The device buffer bytes `need` takes of a strategy's slot as its mirror is now.
+template <class S>
+std::size_t device_need_of(const S& strategy, const Requirement& need) noexcept {
+    if constexpr (maps_of<S>()) {
+        return strategy.device_need(need);
+    } else {
+        return need.device_bytes;
+    }
+}
+
 /// True when `pointer` lies in [begin, begin + bytes).
 inline bool inside(const void* pointer, const std::byte* begin, std::size_t bytes) noexcept {
     const auto* at = static_cast<const std::byte*>(pointer);
@@ -84,6 +117,28 @@ inline bool inside(const void* pointer, const std::byte* begin, std::size_t byte
 
 template <class Strategy, class Async>
 struct StagerSlot;
+
+/// True when the stream view `A` sets device memory itself (AsyncMemsetBackend, or a
+/// MemsetBackend seen through its SynchronousAdapter).
+template <class A>
+concept SetsDeviceMemory = requires(A& a, void* dst, std::size_t n, typename A::Stream s) {
+    { a.device_memset_async(dst, 0, n, s) }
+    noexcept->std::same_as<Status>;
+};
+
+/// Whether the packed Out group of the run staged in `slot` is zeroed by a device memset rather
+/// than in the mirror: only when nothing packed goes up otherwise (no packed In or InOut), the
+/// mirror is not mapped and the device sets memory itself — then one memset moves no bytes,
+/// where an upload of zeros would. Else the zeros ride in the packed upload, or, mapped, are
+/// read in place.
+template <class Slot>
+bool packed_outs_on_device(const Slot& slot) noexcept {
+    if constexpr (SetsDeviceMemory<typename Slot::AsyncView>) {
+        return !slot.mapped && slot.layout.upload_end == 0;
+    } else {
+        return false;
+    }
+}
 
 /// Fills `slots` with `count` slots, each with its own copy of `strategy`; false when host
 /// memory is short (nothing is kept then).
@@ -108,6 +163,7 @@ bool make_slots(std::vector<Slot>& slots, std::size_t count, Strategy strategy) 
 template <class Strategy, class Async>
 struct StagerSlot {
     using Stream = typename Async::Stream;
+    using AsyncView = Async;
     using Batch = BatchCopies<Async>;
     static constexpr std::size_t all_packed_limit = std::numeric_limits<std::size_t>::max();
 
@@ -138,7 +194,8 @@ struct StagerSlot {
     // Settle order: before this slot's run is settled, slot i is settled through generation
     // settle_after[i] (0: no need). Sized to the slot count at construction.
     std::vector<std::uint64_t> settle_after;
-    void* last_base = nullptr;  // for address_changes
+    void* last_base = nullptr;    // for address_changes
+    void* last_mapped = nullptr;  // the mapped mirror's device address, likewise
     Stream bind_stream{};
     // The other streams order_after_uploads ordered after the live run's bind: its kernels may
     // run there, so its finish, or its release when it is dropped, waits for them too.
@@ -148,6 +205,7 @@ struct StagerSlot {
     // flags
     bool live = false;
     bool all_packed = false;       // the run is a frame: every staged arg in the mirror
+    bool mapped = false;           // the run's packed args are in the mapped mirror: the kernel uses them there
     bool unpack = false;           // packed outputs wait in the mirror for the host
     bool uses_mirror = false;      // pending work reads or writes the mirror
     bool framed = false;           // a frame is handed out and not yet bound
@@ -158,6 +216,7 @@ struct StagerSlot {
     bool run_leases = false;  // leases() are those of a bound or finished run (not of a failed bind)
     bool has_settle_after = false;
     bool had_base = false;
+    bool had_mapped = false;
 
     std::span<TensorLease> leases() noexcept { return {lease_storage.data(), lease_count}; }
 
@@ -178,13 +237,17 @@ struct StagerSlot {
         return false;
     }
 
-    /// Counts a move of the slot's base (a first allocation is not one).
+    /// Counts a move of the slot's base, or of its mapped mirror's device address, where its
+    /// kernels' small args lie (a first allocation is not one).
     void note_base(StagerStats& stats) noexcept {
-        void* base = strategy.base();
-        if (base == nullptr || base == last_base) return;
-        if (had_base) ++stats.address_changes;
-        last_base = base;
-        had_base = true;
+        note(strategy.base(), last_base, had_base, stats);
+        if constexpr (maps_of<Strategy>()) note(mapped_mirror_of(strategy), last_mapped, had_mapped, stats);
+    }
+    static void note(void* address, void*& last, bool& had, StagerStats& stats) noexcept {
+        if (address == nullptr || address == last) return;
+        if (had) ++stats.address_changes;
+        last = address;
+        had = true;
     }
 
     /// Makes room for a frame of `count` args. Outgrown storage is kept: a stale frame's args

@@ -115,13 +115,27 @@ public:
 
     // The general staging pass: a lease and a device arg per arg, the slice or allocation of
     // each staged arg, and its upload — enqueued directly, or gathered into the mirror for one
-    // packed upload. On error the leases taken so far are in slot.leases(), for the caller to
-    // release.
+    // packed upload. With `zero_outs` the packed Out group is zeroed in the mirror, and the
+    // packed upload carries it. Where the mirror is mapped (MapSmall), the packed args' device
+    // pointers point into it and nothing of them is uploaded: the device buffer holds only the
+    // direct args, from its base. On error the leases taken so far are in slot.leases(), for
+    // the caller to release.
     template <bool AllPacked>
-    Status stage(Slot& slot, std::span<const TensorArg> args, Stream stream, bool& enqueued) noexcept {
+    Status stage(Slot& slot, std::span<const TensorArg> args, Stream stream, bool& enqueued, bool zero_outs) noexcept {
         constexpr std::size_t limit = AllPacked ? std::numeric_limits<std::size_t>::max() : pack_limit;
         auto* const base = static_cast<std::byte*>(slot.strategy.base());
         std::byte* const mirror = mirror_of(slot.strategy);
+        auto* const mapped = static_cast<std::byte*>(mapped_mirror_of(slot.strategy));
+        const std::size_t shift = mapped != nullptr ? slot.layout.packed_bytes : 0;  // the direct args' start
+        slot.mapped = mapped != nullptr && slot.layout.packed_bytes > 0;
+        if constexpr (HostAccessCheckBackend<B>) {
+            if (slot.mapped) {  // the host writes the mapped mirror now
+                if (Status clear = backend_.check_host_access(mirror, slot.layout.packed_bytes, true); !clear) {
+                    slot.lease_count = slot.staged = 0;
+                    return clear;
+                }
+            }
+        }
         std::array<std::size_t, 4> next = slot.layout.base;
         TensorLease* const leases = slot.lease_storage.data();
         TensorArg* const device_args = slot.device_args.data();
@@ -150,9 +164,17 @@ public:
                 if constexpr (limit > 0) group = static_cast<std::size_t>(group_of(arg, limit));
                 offset = next[group];
                 next[group] += (arg.bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
-                lease = TensorLease{
-                    arg.data, base + offset,          arg.bytes, copies_back(arg.direction), ReleaseKind::BufferNoop,
-                    nullptr,  uploads(arg.direction), arg.memory};
+                std::byte* const device = group != static_cast<std::size_t>(PackGroup::direct) && mapped != nullptr
+                                              ? mapped + offset
+                                              : base + (offset - shift);
+                lease = TensorLease{arg.data,
+                                    device,
+                                    arg.bytes,
+                                    copies_back(arg.direction),
+                                    ReleaseKind::BufferNoop,
+                                    nullptr,
+                                    uploads(arg.direction),
+                                    arg.memory};
             } else {
                 const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
                 if (Status acquired = slot.strategy.acquire(backend_, tensor, arg, lease, stats_); !acquired) {
@@ -216,16 +238,8 @@ public:
                 calls += done.calls;
             }
         }
-        if (status.ok() && slot.layout.upload_end > 0) {
-            const std::size_t bytes = slot.layout.upload_end;  // one copy: every packed In/InOut byte
-            if (Status copied = async_.copy_to_device_async(base, mirror, bytes, stream); !copied) {
-                status = copy_failure("bind: packed upload", bytes, copied, backend_.name());
-            } else {
-                enqueued = true;
-                slot.uses_mirror = true;
-                uploaded += bytes;
-                ++calls;
-            }
+        if constexpr (pack_limit > 0) {
+            if (status.ok()) status = packed_upload(slot, stream, enqueued, zero_outs, uploaded, calls);
         }
         stats_.uploads_skipped += skipped;
         stats_.bytes_to_device += uploaded;
@@ -248,35 +262,18 @@ public:
 
     // One copy brings every packed InOut/Out byte back into the mirror; the host copies them
     // out when the run is settled (unpack).
-    Status packed_copy_back(Slot& slot, Stream stream, CopyBacks& backs) noexcept {
-        const StagingLayout& layout = slot.layout;
-        const std::size_t bytes = layout.copy_back_end - layout.copy_back_begin;
-        auto* base = static_cast<std::byte*>(slot.strategy.base());
-        Status back = async_.copy_from_device_async(mirror_of(slot.strategy) + layout.copy_back_begin,
-                                                    base + layout.copy_back_begin, bytes, stream);
-        if (!back) return copy_failure("finish: packed copy back", bytes, back, backend_.name());
-        backs.bytes += bytes;
-        ++backs.calls;
-        slot.unpack = true;
-        return back;
-    }
+    Status packed_copy_back(Slot& slot, Stream stream, CopyBacks& backs) noexcept;
 
     // Copies the packed outputs of a completed run from the mirror to the callers' memory
     // (nothing when they are in place: a frame).
-    void unpack(Slot& slot) noexcept {
-        std::byte* const mirror = mirror_of(slot.strategy);
-        const auto* base = static_cast<const std::byte*>(slot.strategy.base());
-        for (const TensorLease& lease : slot.leases()) {
-            if (!lease.copy_back || !slot.packed(lease)) continue;
-            const std::byte* from = mirror + (static_cast<const std::byte*>(lease.device) - base);
-            if (lease.host != from) {
-                std::memcpy(lease.host, from, lease.bytes);
-                stats_.mirror_copy_bytes += lease.bytes;
-            }
-        }
-    }
+    void unpack(Slot& slot) noexcept;
 
 private:
+    // After the gather: the packed Out group zeroed in the mirror, and the one packed upload
+    // (detail/transfer/packed.hpp).
+    Status packed_upload(Slot& slot, Stream stream, bool& enqueued, bool zero_outs, std::uint64_t& uploaded,
+                         std::uint64_t& calls) noexcept;
+
     template <bool Ring>
     Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
         if constexpr (batches) {
@@ -433,4 +430,5 @@ private:
 
 }  // namespace devstage::detail
 
-#include "devstage/detail/transfer/ring.hpp"  // IWYU pragma: export
+#include "devstage/detail/transfer/packed.hpp"  // IWYU pragma: export
+#include "devstage/detail/transfer/ring.hpp"    // IWYU pragma: export

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: a run's Out args zeroed on the device before its kernels can see them
-// (OutputPolicy::zero). The ranges: the packed Out group in one call; adjacent direct slices of
-// a retained buffer merged into one call; one call per allocation otherwise. Each range is set
-// by a device memset on the bind's stream where the backend has one, else zeros are uploaded
-// from a block of zeros in static storage.
+// (OutputPolicy::zero), for the Out args moved directly: adjacent slices of a retained buffer
+// merged into one call; one call per allocation otherwise. Each range is set by a device memset
+// on the bind's stream where the backend has one, else zeros are uploaded from a block of zeros
+// in static storage. The packed Out group is one call here only when nothing packed goes up
+// (detail::packed_outs_on_device); else the staging pass zeroes it in the mirror: the packed
+// upload carries it, or, mapped, the kernel reads it there.
 
 #include <algorithm>
 #include <cstddef>
@@ -21,21 +23,14 @@
 
 namespace devstage::detail {
 
-/// True when the stream view `A` sets device memory itself (AsyncMemsetBackend, or a
-/// MemsetBackend seen through its SynchronousAdapter).
-template <class A>
-concept SetsDeviceMemory = requires(A& a, void* dst, std::size_t n, typename A::Stream s) {
-    { a.device_memset_async(dst, 0, n, s) }
-    noexcept->std::same_as<Status>;
-};
-
 /// The zeros uploaded where the backend cannot set device memory: one block in static storage
 /// (zero-initialized, so it costs no memory until read, and shared by every stager of the
 /// program). Pending uploads may read it at any time: it is never freed.
 inline constexpr std::size_t zero_block_bytes = std::size_t{1} << 20;
 alignas(4096) inline std::byte zero_block[zero_block_bytes]{};
 
-/// Zeroes the device bytes of the Out args of the run staged in `slot` on `stream`.
+/// Zeroes the device bytes of the Out args of the run staged in `slot` on `stream` that the
+/// staging pass did not zero in the mirror.
 /// `enqueued` becomes true when a call was made. Counts StagerStats::zeroing_calls,
 /// zeroed_bytes and zero_uploads. On failure the calls made before stay enqueued.
 // Out of line: a bind that does not zero pays only the policy test.
@@ -69,7 +64,7 @@ template <class B, class Async, class Strategy>
         const StagingLayout& layout = slot.layout;
         const std::size_t begin = layout.base[static_cast<std::size_t>(PackGroup::out)];
         const std::size_t end = layout.base[static_cast<std::size_t>(PackGroup::direct)];
-        if (end > begin) {
+        if (end > begin && packed_outs_on_device(slot)) {
             if (Status zeroed = set(base + begin, end - begin); !zeroed) return zeroed;
         }
     }
