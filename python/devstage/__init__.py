@@ -18,8 +18,8 @@ See docs/python.md.
 """
 from .args import IN, IN_OUT, OUT, Arg, Device, In, InOut, Out, TensorShape
 from .backend import Backend, Event, Stream
-from .errors import (BackendFailure, Busy, Error, InvalidArgument, Leaked, LibraryNotFound, NotSupported,
-                     OutOfMemory, UnknownPointer)
+from .errors import (BackendFailure, Busy, Error, HostFunctionError, InvalidArgument, Leaked, LibraryNotFound,
+                     NotSupported, OutOfMemory, UnknownPointer)
 from .frames import Frame, HostView
 from .pinned import Pinned, PinnedBuffer, PinnedPool
 from .staging import Completion, DeviceTensor, Run, Stager
@@ -48,7 +48,7 @@ def callbacks(**callbacks_and_options):
 
 
 __all__ = [
-    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame", "HostView",
+    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame", "HostFunctionError", "HostView",
     "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Leaked", "LibraryNotFound", "NotSupported", "OUT", "Out",
     "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run", "Stager", "Stream", "TensorShape", "UnknownPointer",
     "ascend", "callbacks", "cuda", "sim",

@@ -12,6 +12,8 @@ dtype, taken over (renamed "used_dltensor") and given back through its deleter w
 done with the memory.
 """
 import ctypes
+import sys
+import threading
 from ctypes import CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
 
 # DLDeviceType values devstage uses.
@@ -46,16 +48,23 @@ class DLManagedTensor(Structure):
 _UNUSED = b"dltensor"
 _USED = b"used_dltensor"
 
-# Exported tensors not yet given back: the DLManagedTensor's address -> (what it keeps alive,
-# the callback to run when it is given back).
+# Exported tensors not yet given back: the DLManagedTensor's address -> [the structures, what
+# it keeps alive, the callback to run when it is given back, the capsule]. The capsule is held
+# here until the tensor is given back, so that a capsule its consumer refused (its name still
+# "dltensor") is found and given back by collect(), not left to a destructor that may be called
+# with the consumer's exception pending.
 _live = {}
+_lock = threading.Lock()
 
 
+# (What the two callbacks use is bound as defaults: at interpreter exit module globals may be
+# gone before the last capsule.)
 @_DELETER
-def _delete(address):
-    entry = _live.pop(address, None)
-    if entry is not None and entry[-1] is not None:
-        entry[-1]()
+def _delete(address, live=_live, lock=_lock):
+    with lock:
+        entry = live.pop(address, None)
+    if entry is not None and entry[2] is not None:
+        entry[2]()
 
 
 # The capsule destructor gets the capsule as a plain address: no reference is taken to an
@@ -76,9 +85,21 @@ _get_pointer_raw = CFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointe
 
 
 @_CAPSULE_DESTRUCTOR
-def _destroy_capsule(capsule):
-    if _is_valid_raw(capsule, _UNUSED):  # never consumed: the tensor is still ours
-        _delete(_get_pointer_raw(capsule, _UNUSED))
+def _destroy_capsule(capsule, is_valid=_is_valid_raw, pointer=_get_pointer_raw, unused=_UNUSED, delete=_delete):
+    if is_valid(capsule, unused):  # never consumed: the tensor is still ours
+        delete(pointer(capsule, unused))
+
+
+# Consumers keep the deleter's address and capsules the destructor's, possibly past this module's
+# teardown at interpreter exit: the two C callbacks are never freed.
+ctypes.pythonapi.Py_IncRef.argtypes = [ctypes.py_object]
+ctypes.pythonapi.Py_IncRef(_delete)
+ctypes.pythonapi.Py_IncRef(_destroy_capsule)
+
+# A non-null address for tensors of no elements: consumers may give back a tensor only when its
+# data is not NULL, and NumPy's array interface needs one.
+_EMPTY = ctypes.c_uint64(0)
+EMPTY_ADDRESS = ctypes.addressof(_EMPTY)
 
 
 def capsule(owner, address, shape, code, bits, device=(CPU, 0), on_release=None):
@@ -88,7 +109,7 @@ def capsule(owner, address, shape, code, bits, device=(CPU, 0), on_release=None)
     managed = DLManagedTensor()
     dims = (c_int64 * max(len(shape), 1))(*shape)
     tensor = managed.dl_tensor
-    tensor.data = address
+    tensor.data = address or EMPTY_ADDRESS
     tensor.device = DLDevice(*device)
     tensor.ndim = len(shape)
     tensor.dtype = DLDataType(code, bits, 1)
@@ -98,12 +119,25 @@ def capsule(owner, address, shape, code, bits, device=(CPU, 0), on_release=None)
     managed.manager_ctx = None
     managed.deleter = _delete
     key = ctypes.addressof(managed)
-    _live[key] = (managed, dims, owner, on_release)
-    return _api.PyCapsule_New(key, _UNUSED, _destroy_capsule)
+    made = _api.PyCapsule_New(key, _UNUSED, _destroy_capsule)
+    with _lock:
+        _live[key] = [(managed, dims), owner, on_release, made]
+    return made
+
+
+def collect():
+    """Gives back the exported tensors whose capsule nobody took: only this module holds it and
+    its name is still "dltensor" (a consumer that refused it, or a capsule dropped unused)."""
+    with _lock:
+        abandoned = [key for key, entry in _live.items()
+                     if sys.getrefcount(entry[3]) <= 2 and _is_valid(entry[3], _UNUSED)]
+    for key in abandoned:
+        _delete(key)
 
 
 def exported():
     """How many exported tensors are not yet given back (for tests)."""
+    collect()
     return len(_live)
 
 

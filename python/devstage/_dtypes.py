@@ -8,7 +8,7 @@ DTYPES = {
     "int8": (0, 8, "|i1"), "int16": (0, 16, "<i2"), "int32": (0, 32, "<i4"), "int64": (0, 64, "<i8"),
     "uint8": (1, 8, "|u1"), "uint16": (1, 16, "<u2"), "uint32": (1, 32, "<u4"), "uint64": (1, 64, "<u8"),
     "float16": (2, 16, "<f2"), "float32": (2, 32, "<f4"), "float64": (2, 64, "<f8"),
-    "bfloat16": (4, 16, "|V2"),
+    "bfloat16": (4, 16, "|V2"), "bool": (6, 8, "|b1"),
 }
 
 # (DLPack code, bits) -> name.
@@ -21,7 +21,7 @@ _BY_TYPESTR = {typestr[1:]: name for name, (_, _, typestr) in DTYPES.items() if 
 # Buffer-protocol (struct module) format characters -> name; "c" (char) counts as bytes.
 _BY_FORMAT = {"b": "int8", "B": "uint8", "c": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32",
               "l": "int64", "L": "uint64", "q": "int64", "Q": "uint64", "e": "float16", "f": "float32",
-              "d": "float64", "?": "uint8"}
+              "d": "float64", "?": "bool"}
 
 
 def dtype_name(dtype):

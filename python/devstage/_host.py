@@ -34,8 +34,8 @@ class Memory:
 
 def array_interface(address, shape, dtype):
     """The NumPy array interface of a C-contiguous tensor in host memory (writable)."""
-    return {"shape": tuple(shape), "typestr": _dtypes.DTYPES[dtype][2], "data": (address, False), "strides": None,
-            "version": 3}
+    return {"shape": tuple(shape), "typestr": _dtypes.DTYPES[dtype][2], "data": (address or _dlpack.EMPTY_ADDRESS, False),
+            "strides": None, "version": 3}
 
 
 class HostTensor:

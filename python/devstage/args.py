@@ -109,6 +109,26 @@ def _check_device(index, memory, backend):
                          f"{backend.describe()} ({backend.kind} device {backend.device}) cannot use")
 
 
+def _device_shape(index, arg):
+    """The dtype and shape of a Device arg, checked against its nbytes."""
+    dtype = _dtypes.dtype_name(arg.dtype or "uint8")
+    size = _dtypes.itemsize(dtype)
+    if arg.nbytes < 0:
+        raise ValueError(f"devstage: arg {index} (Device) has nbytes {arg.nbytes}")
+    if arg.shape is None:
+        if arg.nbytes % size:
+            raise ValueError(f"devstage: arg {index} (Device): {arg.nbytes} bytes are not a whole number of {dtype} "
+                             f"elements ({size} bytes each)")
+        return dtype, (arg.nbytes // size,)
+    shape = (int(arg.shape),) if isinstance(arg.shape, int) else tuple(int(d) for d in arg.shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"devstage: arg {index} (Device): shape {shape} has a negative dimension")
+    if math.prod(shape) * size != arg.nbytes:
+        raise ValueError(f"devstage: arg {index} (Device): shape {shape} of {dtype} is {math.prod(shape) * size} bytes, "
+                         f"but nbytes is {arg.nbytes}")
+    return dtype, shape
+
+
 def stage_args(args, backend):
     """The C form of `args` for `backend`; the caller closes it when the memory is no longer used
     (on failure here, everything taken is released)."""
@@ -121,8 +141,7 @@ def stage_args(args, backend):
                 raise TypeError(f"devstage: arg {i} is {type(arg).__name__}; wrap it as In(), Out(), InOut() or "
                                 "Device()")
             if arg.device:
-                dtype = _dtypes.dtype_name(arg.dtype or "uint8")
-                shape = tuple(arg.shape) if arg.shape is not None else (arg.nbytes // _dtypes.itemsize(dtype),)
+                dtype, shape = _device_shape(i, arg)
                 staged.table[i] = _lib.TensorArg(arg.tensor, arg.nbytes, arg.direction, _DEVICE)
                 staged.memories.append(None)
             else:

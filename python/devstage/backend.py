@@ -2,16 +2,19 @@
 """Backends and streams: the simulator, a CUDA or Ascend device, or a runtime's own callbacks;
 streams made by devstage or adopted from the runtime (torch's, a raw handle); host functions on
 a stream; host memory pinned in place."""
+import atexit
+import collections
 import ctypes
 import itertools
 import threading
 import traceback
+import warnings
 import weakref
 from ctypes import byref, c_int, c_void_p
 
 from . import _dlpack, _lib
 from ._lib import lib
-from .errors import check
+from .errors import Busy, HostFunctionError, check, error_of
 
 SIM, CUDA, ASCEND, CALLBACKS = 0, 1, 2, 3  # devstage_backend_kind
 _KIND_NAMES = {SIM: "sim", CUDA: "cuda", ASCEND: "ascend", CALLBACKS: "callbacks"}
@@ -31,10 +34,13 @@ class Backend:
     def __init__(self, handle, keepalive=(), dlpack_device=None):
         self._handle = handle
         self._keepalive = keepalive  # the ctypes callbacks the C backend calls
-        self.callback_errors = []     # tracebacks of exceptions raised inside Python callbacks
+        # Tracebacks of exceptions raised inside Python callbacks and host functions (the latest).
+        self.callback_errors = collections.deque(maxlen=CALLBACK_ERRORS_KEPT)
         self.number = next(_serials)
         self._adopted = {}            # native stream handle -> devstage's handle of it
         self._owned = weakref.WeakSet()  # the Streams and Events made through this backend
+        self._stream_users = {}          # stream handle -> the runs and completions that use it
+        self._stream_failures = {}       # stream handle -> host functions that raised there, unreported
         self._lock = threading.Lock()
         self._host_functions = {}     # key -> (its ctypes function, [the function] until it ran)
         self._host_function_keys = itertools.count(1)
@@ -43,6 +49,7 @@ class Backend:
         check(lib.devstage_backend_device(handle, byref(kind), byref(device)))
         self.kind = _KIND_NAMES.get(kind.value, "unknown")
         self.device = device.value
+        _live_backends.add(self)
         if dlpack_device is None and kind.value != CALLBACKS:
             dlpack_device = {SIM: (_dlpack.CPU, 0), CUDA: (_dlpack.CUDA, device.value),
                              ASCEND: (_dlpack.EXT_DEV, device.value)}[kind.value]
@@ -96,7 +103,7 @@ class Backend:
         device memory, for exporting staged args (none given: they cannot be exported). An
         exception inside a Python callback fails the call (BackendFailure) and its traceback is
         kept in `callback_errors`."""
-        errors = []
+        errors = collections.deque(maxlen=CALLBACK_ERRORS_KEPT)
         table = _lib.Callbacks()
         table.name = name.encode()
         table.context = context
@@ -268,13 +275,17 @@ class Backend:
                 self._host_functions.pop(retired, None)
             self._retired_host_functions = [k for k, entry in self._host_functions.items() if entry[1][1]]
 
+        failures = self._stream_failures
+        handle = target.handle
+
         def run(_user):
             work, state[0] = state[0], None
             try:
                 if work is not None:
                     work()
-            except Exception:  # pylint: disable=broad-except
+            except BaseException as error:  # pylint: disable=broad-except  (nothing above it to catch it)
                 errors.append(traceback.format_exc())
+                failures.setdefault(handle, []).append(f"{type(error).__name__}: {error}")
             finally:
                 del work  # what the function holds (a run's tensors) goes when it returns
                 state[1] = True
@@ -288,6 +299,48 @@ class Backend:
             with self._lock:
                 self._host_functions.pop(key, None)
         check(status)
+
+    def _raise_host_function_errors(self, handles):
+        """Raises HostFunctionError for the host functions that raised on these streams since last
+        asked (the first of them, and how many)."""
+        found = []
+        with self._lock:
+            for handle in handles:
+                found += self._stream_failures.pop(handle, [])
+        if found:
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise HostFunctionError("backend_failure", f"devstage: a host function on a stream of {self.describe()} "
+                                    f"raised {found[0]}{more}; the traceback is in backend.callback_errors")
+
+    def _use(self, handle, user):
+        with self._lock:
+            self._stream_users.setdefault(handle, weakref.WeakSet()).add(user)
+
+    def _unuse(self, handle, user):
+        with self._lock:
+            users = self._stream_users.get(handle)
+            if users is not None:
+                users.discard(user)
+
+    def _users_of(self, handle):
+        with self._lock:
+            return [user for user in self._stream_users.get(handle, ()) if user._uses_stream()]  # pylint: disable=protected-access
+
+    def close(self):
+        """Destroys the backend now, if nothing of devstage still uses it (stagers and pools keep
+        it; Busy while a stream or event of it lives). A callbacks backend frees what was
+        allocated through it and never freed, and raises Leaked saying what."""
+        handle = self._handle
+        if not handle:
+            return
+        for adopted in list(self._adopted.values()):
+            check(self._stream_destroy(handle, adopted))
+        self._adopted.clear()
+        status = self._destroy(handle)
+        if status in (0, LEAKED):
+            self._handle = None
+        if status != 0:
+            raise error_of(status)
 
     def _info(self):
         info = _lib.BackendInfo()
@@ -311,7 +364,9 @@ class Backend:
         for adopted in getattr(self, "_adopted", {}).values():
             self._stream_destroy(handle, adopted)
         self._handle = None
-        self._destroy(handle)
+        if self._destroy(handle) == LEAKED:
+            warnings.warn(f"devstage: {lib.devstage_last_message().decode(errors='replace')}", ResourceWarning,
+                          stacklevel=1)
 
 
 class Stream:
@@ -335,17 +390,35 @@ class Stream:
     cuda_stream = native
 
     def synchronize(self):
-        """Blocks until the work enqueued on the stream so far completed."""
+        """Blocks until the work enqueued on the stream so far completed; HostFunctionError when a
+        host function raised on it (since the failure was last reported)."""
         check(lib.devstage_stream_synchronize(self.backend._handle, self._live()))  # pylint: disable=protected-access
+        self.backend._raise_host_function_errors((self.handle,))  # pylint: disable=protected-access
+
+    def _synchronize_quietly(self):
+        backend = getattr(self.backend, "_handle", None)
+        if self.handle is not None and backend:
+            lib.devstage_stream_synchronize(backend, self.handle)
+
+    def _use(self, user):
+        self.backend._use(self.handle, user)  # pylint: disable=protected-access
+
+    def _unuse(self, user):
+        self.backend._unuse(self.handle, user)  # pylint: disable=protected-access
 
     def close(self):
         """Destroys the stream (an adopted one: only devstage's handle of it, which a later
         adoption makes again)."""
+        if self.handle is None:
+            return
+        users = self.backend._users_of(self.handle)  # pylint: disable=protected-access
+        if users:
+            raise Busy("busy", f"devstage Stream.close: {len(users)} run(s) of {self.backend.describe()} are bound on "
+                               "this stream or finish on it and have not ended; finish them (and wait) first")
         handle, self.handle = self.handle, None
-        if handle is not None:
-            if self.adopted:
-                self.backend._forget_adopted(handle)  # pylint: disable=protected-access
-            check(lib.devstage_stream_destroy(self.backend._handle, handle))  # pylint: disable=protected-access
+        if self.adopted:
+            self.backend._forget_adopted(handle)  # pylint: disable=protected-access
+        check(lib.devstage_stream_destroy(self.backend._handle, handle))  # pylint: disable=protected-access
 
     def _live(self):
         if self.handle is None:
@@ -424,6 +497,37 @@ class Event:
         self._destroy_quietly()
 
 
+def _address(value, function):
+    """A callback's address result (None or 0: none), checked: ctypes would crash on another type."""
+    if value is None or value == 0:
+        return None
+    if not isinstance(value, int) or value < 0:
+        raise TypeError(f"{getattr(function, '__name__', 'callback')} returned {value!r}, not an address (an int; 0 or "
+                        "None for none)")
+    return value
+
+
+CALLBACK_ERRORS_KEPT = 256  # the latest tracebacks each backend keeps
+LEAKED = 8                  # DEVSTAGE_LEAKED
+
+# The backends alive, for the shutdown at interpreter exit.
+_live_backends = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown():
+    """At interpreter exit, before Python stops its threads: the stagers end (their pending work
+    waited for while a Python runtime's stream threads can still run it), then each backend waits
+    for its device, so that no host function is left to call into a stopping interpreter."""
+    from . import staging  # pylint: disable=import-outside-toplevel
+    for stager in list(staging._live_stagers):  # pylint: disable=protected-access
+        stager._shutdown()  # pylint: disable=protected-access
+    for backend in list(_live_backends):
+        handle = getattr(backend, "_handle", None)
+        if handle:
+            lib.devstage_backend_synchronize(handle)
+
+
 def _path(library_path):
     return None if library_path is None else str(library_path).encode()
 
@@ -451,7 +555,7 @@ def _python_callback(function, kind, errors):
     if kind == "MALLOC":
         def malloc(_context, nbytes):
             try:
-                return function(nbytes) or None
+                return _address(function(nbytes), function)
             except Exception:  # pylint: disable=broad-except
                 failed()
                 return None
@@ -466,9 +570,9 @@ def _python_callback(function, kind, errors):
     if kind == "CREATE":
         def create(_context, out):
             try:
-                handle = function()
+                handle = _address(function(), function)
                 if not handle:
-                    raise ValueError(f"{getattr(function, '__name__', 'create')} returned {handle!r}, not a handle")
+                    raise ValueError(f"{getattr(function, '__name__', 'create')} returned no handle")
                 out[0] = handle
                 return 0
             except Exception:  # pylint: disable=broad-except
@@ -496,7 +600,11 @@ def _python_callback(function, kind, errors):
 
     def call(_context, *args):  # the rest: 0 on success
         try:
-            return int(function(*args) or 0)
+            result = function(*args)
+            if result is not None and not isinstance(result, int):
+                raise TypeError(f"{getattr(function, '__name__', 'callback')} returned {result!r}: None or 0 on "
+                                "success, a non-zero int on failure")
+            return int(result or 0)
         except Exception:  # pylint: disable=broad-except
             failed()
             return -1

@@ -28,6 +28,11 @@ class BackendFailure(Error):
     """The backend failed (a runtime call, or a callback that returned non-zero)."""
 
 
+class HostFunctionError(BackendFailure):
+    """A Python host function (launch_host_function) raised; reported by the next wait() or
+    synchronize() of its stream."""
+
+
 class UnknownPointer(Error, ValueError):
     """A pointer never handed out, or already given back."""
 

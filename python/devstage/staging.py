@@ -59,6 +59,9 @@ class Stager:
         self._own_stream = None  # for synchronous finishes of frame runs
         self._deferred = []      # Completions whose finish waits for the run's exported tensors
         self._runs = weakref.WeakSet()  # the live runs
+        self._in_use = threading.Lock()  # held by the call in progress: a second thread is refused
+        self._user = None                # the thread of the call in progress
+        self._depth = 0
         self._handle = c_void_p()
         status = lib.devstage_stager_create(backend._handle, byref(config), byref(self._handle))  # pylint: disable=protected-access
         if status != 0:
@@ -69,6 +72,11 @@ class Stager:
             handle, self._handle = self._handle, None
             lib.devstage_stager_destroy(handle)
             raise _invalid("devstage: Stager: " + "; ".join(problems))
+        _live_stagers.add(self)
+
+    def _guard(self, what):
+        """Held for one call: a call from a second thread at the same time is refused."""
+        return _Guard(self, what)
 
     # ---- the run lifecycle -------------------------------------------------------------------
 
@@ -77,6 +85,10 @@ class Stager:
         on `stream` (a devstage Stream of this backend, a torch stream, or a raw handle). `args`:
         a list of In(), Out(), InOut(), Device(); or a Frame from frame(). The Run holds the args
         (and so their memory) until it ends."""
+        with self._guard("bind"):
+            return self._bind(args, stream)
+
+    def _bind(self, args, stream):
         self._flush()
         target = None if stream is None else self.backend.stream(stream)
         run = c_void_p()
@@ -86,9 +98,12 @@ class Stager:
                 raise ValueError("devstage: the frame belongs to another stager")
             handle = frame._live_handle()  # pylint: disable=protected-access
             if target is None:
-                check(lib.devstage_bind_frame(self._handle, handle, byref(run)))
+                status = lib.devstage_bind_frame(self._handle, handle, byref(run))
             else:
-                check(lib.devstage_bind_frame_on(self._handle, handle, target.handle, byref(run)))
+                status = lib.devstage_bind_frame_on(self._handle, handle, target.handle, byref(run))
+            if status != 0:
+                frame._bound = False  # pylint: disable=protected-access  (a failed bind leaves it bindable)
+                self._raise(status)
             return Run(self, run, frame.staged(), target, frame)
         staged = stage_args(args, self.backend)
         try:
@@ -96,7 +111,8 @@ class Stager:
                 status = lib.devstage_bind(self._handle, staged.table, staged.count, byref(run))
             else:
                 status = lib.devstage_bind_on(self._handle, staged.table, staged.count, target.handle, byref(run))
-            check(status)
+            if status != 0:
+                self._raise(status)
         except BaseException:
             staged.close()
             raise
@@ -106,16 +122,38 @@ class Stager:
         """A free slot's pinned mirror laid out for `shapes` (TensorShape), for inputs written in
         place: write frame[i] (a NumPy or torch view, see Frame), then bind(frame[, stream]).
         Needs a packing stager."""
-        self._flush()
-        table, keep = frame_shapes(shapes, self.backend)
-        handle = c_void_p()
-        try:
-            check(lib.devstage_frame_create(self._handle, table, len(shapes), byref(handle)))
-        except BaseException:
-            for memory in keep:
-                memory.close()
-            raise
-        return Frame(self, handle, list(shapes), keep)
+        with self._guard("frame"):
+            self._flush()
+            table, keep = frame_shapes(shapes, self.backend)
+            handle = c_void_p()
+            status = lib.devstage_frame_create(self._handle, table, len(shapes), byref(handle))
+            if status != 0:
+                for memory in keep:
+                    memory.close()
+                self._raise(status)
+            frame = Frame(self, handle, list(shapes), keep)
+            _live_frames.add(frame)
+            return frame
+
+    def _raise(self, status):
+        """Raises the failure of a bind or frame; a Busy one says what holds the slots in Python."""
+        failure = error_of(status)
+        if isinstance(failure, Busy):
+            with self._lock:
+                deferred = len(self._deferred)
+            live = sum(1 for run in self._runs if run.live)
+            notes = []
+            if live:
+                notes.append(f"{live} run(s) bound and not finished")
+            if deferred:
+                notes.append(f"{deferred} finished run(s) whose exported tensors are still alive")
+            frames = sum(1 for frame in list(_live_frames) if frame.stager is self and frame._views_alive())  # pylint: disable=protected-access
+            if frames:
+                notes.append(f"{frames} frame(s) kept by NumPy or torch views still alive")
+            if notes:
+                failure = Busy(failure.status, f"{failure}. Here: " + "; ".join(notes) + " (in Python a frame's slot "
+                               "is held until its Completion is closed and its last view is gone)")
+        raise failure
 
     def order_after_uploads(self, run, stream):
         """Work enqueued on `stream` after this call runs after `run`'s bind (its uploads), with a
@@ -131,7 +169,13 @@ class Stager:
         device args (torch.from_dlpack, DeviceTensor.numpy()) is alive, the run stays live — its
         device memory valid, its slot taken — and the copy-backs are enqueued on `stream` once
         the last such tensor is gone (at this stager's next call, or the Completion's)."""
+        with self._guard("finish"):
+            return self._finish(run, stream, ok)
+
+    def _finish(self, run, stream, ok):
         run._live(self)  # pylint: disable=protected-access
+        if run.stream is not None and run.stream.handle is None:
+            raise ValueError("devstage finish: the stream the run was bound on was closed")
         self._flush()
         target = None if stream is None else self.backend.stream(stream)
         execution = 0 if ok else _EXECUTION_FAILED
@@ -189,6 +233,10 @@ class Stager:
         """Gives back all device memory now (waiting for pending work); the host memory of
         failed and dropped runs is let go then. Refused (Busy) while a device tensor of a live run
         or a view of a frame is still exported."""
+        with self._guard("release"):
+            self._release()
+
+    def _release(self):
         self._flush()
         with self._lock:
             exported = [c for c in self._deferred if c._run_exports_alive()]  # pylint: disable=protected-access
@@ -206,10 +254,15 @@ class Stager:
         """Forgets all device memory and pending work without waiting (after a device reset or a
         failure no wait recovers from): completions resolve with BackendFailure and the host
         memory of their runs is let go, though the device may still write it."""
-        check(lib.devstage_stager_abandon(self._handle))
-        for run in list(self._runs):
-            run._released()  # pylint: disable=protected-access
-        self._let_go()
+        with self._guard("abandon"):
+            check(lib.devstage_stager_abandon(self._handle))
+            with self._lock:
+                deferred, self._deferred = self._deferred, []
+            for completion in deferred:
+                completion._abandoned()  # pylint: disable=protected-access
+            for run in list(self._runs):
+                run._released()  # pylint: disable=protected-access
+            self._let_go()
 
     def _let_go(self):
         with self._lock:
@@ -219,24 +272,78 @@ class Stager:
 
     def reserve(self, nbytes):
         """Grows every slot to at least `nbytes` now (retained strategy)."""
-        check(lib.devstage_stager_reserve(self._handle, nbytes))
+        with self._guard("reserve"):
+            self._flush()
+            check(lib.devstage_stager_reserve(self._handle, nbytes))
 
     @property
     def stats(self):
         """The stager's counters as a dict (StagerStats)."""
-        stats = _lib.StagerStats()
-        check(lib.devstage_stager_stats_get(self._handle, byref(stats)))
+        with self._guard("stats"):
+            self._flush()
+            stats = _lib.StagerStats()
+            check(lib.devstage_stager_stats_get(self._handle, byref(stats)))
         return {name: getattr(stats, name) for name in _lib.STAGER_STATS_FIELDS}
 
+    def _shutdown(self):
+        """Ends the stager now: the finishes still waiting for exported tensors are enqueued (or,
+        with tensors still alive, dropped: their runs end without copy-backs), pending work is
+        waited for, and the C stager destroyed. At interpreter exit this runs while the threads of
+        a Python runtime's streams can still work."""
+        handle = getattr(self, "_handle", None)
+        if not handle:
+            return
+        try:
+            for completion in list(self._deferred):  # host functions holding tensors give them back
+                completion._stream._synchronize_quietly()  # pylint: disable=protected-access
+            self._flush()
+        except Exception:  # pylint: disable=broad-except
+            pass  # nothing to report to at this point: the stager's sink has the library's reports
+        self._handle = None
+        stream, self._own_stream = self._own_stream, None
+        self._destroy(handle)
+        if stream is not None:
+            stream._destroy_quietly()  # pylint: disable=protected-access
+        for staged in self._held:
+            staged.close()
+        self._held = []
+
     def __del__(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            stream, self._own_stream = self._own_stream, None
-            self._destroy(handle)
-            if stream is not None:
-                stream._destroy_quietly()  # pylint: disable=protected-access
-            for staged in self._held:
-                staged.close()
+        self._shutdown()
+
+
+class _Guard:
+    """One call on a stager: re-entrant on the thread that makes it, Busy from another thread."""
+
+    __slots__ = ("stager", "what", "entered")
+
+    def __init__(self, stager, what):
+        self.stager, self.what, self.entered = stager, what, False
+
+    def __enter__(self):
+        stager = self.stager
+        me = threading.get_ident()
+        if stager._user != me:  # pylint: disable=protected-access
+            if not stager._in_use.acquire(blocking=False):  # pylint: disable=protected-access
+                raise Busy("busy", f"devstage Stager.{self.what}: the stager is in a call on another thread; a "
+                                   "stager, its runs, frames and completions are used from one thread at a time "
+                                   "(give each thread a stager of its own)")
+            stager._user = me  # pylint: disable=protected-access
+            self.entered = True
+        stager._depth += 1  # pylint: disable=protected-access
+        return self
+
+    def __exit__(self, *exc):
+        stager = self.stager
+        stager._depth -= 1  # pylint: disable=protected-access
+        if self.entered:
+            stager._user = None  # pylint: disable=protected-access
+            stager._in_use.release()  # pylint: disable=protected-access
+
+
+# The stagers alive, for the shutdown at interpreter exit (see _shutdown).
+_live_stagers = weakref.WeakSet()
+_live_frames = weakref.WeakSet()
 
 
 class DeviceTensor:
@@ -286,9 +393,11 @@ class DeviceTensor:
             if run.stream.native != stream:
                 run.stager.order_after_uploads(run, stream)
         code, bits, _ = _dtypes.DTYPES[self.dtype]
+        if self.nbytes == 0:  # no memory to keep valid
+            return _dlpack.capsule((self, run), None, self.shape, code, bits, device)
         run._exported(1)  # pylint: disable=protected-access
         try:
-            return _dlpack.capsule((self, run), self.data_ptr or None, self.shape, code, bits, device,
+            return _dlpack.capsule((self, run), self.data_ptr, self.shape, code, bits, device,
                                    on_release=run._released_export)  # pylint: disable=protected-access
         except BaseException:
             run._exported(-1)  # pylint: disable=protected-access
@@ -332,8 +441,9 @@ class _HostExport:
     def __init__(self, tensor):
         run = self._run = tensor._run  # pylint: disable=protected-access
         self.__array_interface__ = _host.array_interface(tensor.data_ptr, tensor.shape, tensor.dtype)
-        run._exported(1)  # pylint: disable=protected-access
-        weakref.finalize(self, run._released_export)  # pylint: disable=protected-access
+        if tensor.nbytes:  # no memory to keep valid otherwise
+            run._exported(1)  # pylint: disable=protected-access
+            weakref.finalize(self, run._released_export)  # pylint: disable=protected-access
 
 
 class Run:
@@ -364,6 +474,8 @@ class Run:
         check(lib.devstage_run_slot(handle, byref(slot)))
         self.slot = slot.value
         stager._runs.add(self)  # pylint: disable=protected-access
+        if stream is not None:
+            stream._use(self)  # pylint: disable=protected-access  (closing the stream is refused meanwhile)
 
     def __getitem__(self, index):
         return self.device_args[index]
@@ -396,6 +508,8 @@ class Run:
         self._exported(-1)
 
     def _exports_alive(self):
+        if self._exports:
+            _dlpack.collect()  # capsules their consumer refused or dropped are given back
         with self._lock:
             return self._exports
 
@@ -410,7 +524,12 @@ class Run:
     def _end(self):
         handle, self._handle = self._handle, None
         self.stager._runs.discard(self)  # pylint: disable=protected-access
+        if self.stream is not None:
+            self.stream._unuse(self)  # pylint: disable=protected-access
         return handle
+
+    def _uses_stream(self):
+        return self._handle is not None
 
     def _take_memory(self):
         staged, self._staged = self._staged, None
@@ -452,7 +571,10 @@ class Completion:
         self._staged = None
         self._frame = run.frame
         self._closed = False
+        # The streams whose host-function failures this run's wait reports.
+        self._streams = tuple(s.handle for s in (run.stream, stream) if s is not None)
         run._finishing = True  # pylint: disable=protected-access
+        stream._use(self)  # pylint: disable=protected-access  (closing the stream is refused meanwhile)
 
     def _run_exports_alive(self):
         return self._run is not None and self._run._exports_alive()  # pylint: disable=protected-access
@@ -461,6 +583,7 @@ class Completion:
         """Enqueues the finish: the copy-backs on the stream, the C completion."""
         run, self._run = self._run, None
         handle = run._end()  # pylint: disable=protected-access
+        self._stream._unuse(self)  # pylint: disable=protected-access
         done = c_void_p()
         status = lib.devstage_finish_on(self._stager._handle, handle, self._stream.handle,  # pylint: disable=protected-access
                                         self._execution, byref(done))
@@ -469,6 +592,22 @@ class Completion:
             self._stager._ended(run, status)  # pylint: disable=protected-access  (raises)
         self._handle = done.value
         self._staged = run._take_memory()  # pylint: disable=protected-access
+
+    def _abandoned(self):
+        """Its stager was abandoned while the finish waited for exported tensors: the run ended
+        without copy-backs."""
+        run, self._run = self._run, None
+        self._closed = True
+        self._stream._unuse(self)  # pylint: disable=protected-access
+        handle = run._end()  # pylint: disable=protected-access
+        if handle:
+            Run._run_destroy(handle)  # pylint: disable=protected-access  (inert after the abandon)
+        staged = run._take_memory()  # pylint: disable=protected-access
+        if staged is not None:
+            staged.close()
+
+    def _uses_stream(self):
+        return self._handle is None and not self._closed
 
     def _enqueued(self, what):
         """The C completion, once the finish is enqueued; raises Busy while exported tensors of the
@@ -489,15 +628,18 @@ class Completion:
         return self._handle
 
     def wait(self):
-        check(lib.devstage_completion_wait(self._enqueued("wait")))
+        with self._stager._guard("Completion.wait"):  # pylint: disable=protected-access
+            check(lib.devstage_completion_wait(self._enqueued("wait")))
+            self._stager.backend._raise_host_function_errors(self._streams)  # pylint: disable=protected-access
 
     def ready(self):
-        handle = self._enqueued("ready")
-        if handle is None:
-            return False
-        answer = c_int()
-        check(lib.devstage_completion_ready(handle, byref(answer)))
-        return bool(answer.value)
+        with self._stager._guard("Completion.ready"):  # pylint: disable=protected-access
+            handle = self._enqueued("ready")
+            if handle is None:
+                return False
+            answer = c_int()
+            check(lib.devstage_completion_ready(handle, byref(answer)))
+            return bool(answer.value)
 
     @property
     def pending(self):
@@ -510,6 +652,12 @@ class Completion:
         return bool(answer.value)
 
     def close(self):
+        if self._closed:
+            return
+        with self._stager._guard("Completion.close"):  # pylint: disable=protected-access
+            self._close()
+
+    def _close(self):
         if self._closed:
             return
         handle = self._enqueued("close")

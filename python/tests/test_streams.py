@@ -118,9 +118,21 @@ def test_host_functions_run_in_stream_order(sim):
     assert (out == values * 3).all()
     done.close()
     sim.launch_host_function(stream, lambda: 1 / 0)
-    stream.synchronize()
+    with pytest.raises(devstage.HostFunctionError, match="ZeroDivisionError"):
+        stream.synchronize()  # the failure is the stream's, reported once
     assert "ZeroDivisionError" in sim.callback_errors[-1]
-    stream.close()
+    stream.synchronize()
+    # A run whose kernel raised: its wait says so.
+    run = stager.bind([devstage.Out(out)], stream=stream)
+    sim.launch_host_function(stream, lambda: (_ for _ in ()).throw(KeyboardInterrupt("stop")))
+    done = stager.finish(run, stream=stream)
+    with pytest.raises(devstage.HostFunctionError, match="KeyboardInterrupt"):
+        done.wait()
+    done.close()
+    run = stager.bind([devstage.In(values)], stream=stream)
+    with pytest.raises(devstage.Busy, match="Stream.close"):
+        stream.close()  # a run is bound on it
+    stager.finish(run, stream=stream).close()
 
 
 def test_host_functions_where_a_backend_has_none(host_device):
