@@ -5,10 +5,11 @@
 // (synchronize_event, or event_ready after one "not ready"), stream_wait_event is honoured, and
 // nothing else orders anything. It has no synchronize() and no is_pinned() query: the stager
 // must get by with events alone, and treats all host memory as pageable. It maps pinned memory
-// for its kernels (the device address is the host address). It counts misuses: a free or an
-// unmap of memory that pending work (a copy, or a kernel that said which memory it touches)
-// still uses, a free of memory still mapped, a copy of mapped memory, and a synchronous copy
-// of device memory that pending work uses.
+// for its kernels (the device address is the host address). Its synchronize_event fails on
+// request (fail_next_waits), running nothing. It counts misuses: a free or an unmap of memory
+// that pending work (a copy, or a kernel that said which memory it touches) still uses, a free
+// of memory still mapped, a copy of mapped memory, and a synchronous copy of device memory that
+// pending work uses.
 
 #include <algorithm>
 #include <cstddef>
@@ -162,6 +163,10 @@ public:
         std::lock_guard lock(mutex_);
         const auto found = events_.find(event.id);
         if (found == events_.end()) return misuse("slow synchronize_event: unknown event");
+        if (failing_waits_ > 0) {
+            --failing_waits_;
+            return devstage::Status(devstage::Errc::backend_failure, "slow synchronize_event: failed (injected)");
+        }
         if (found->second && !found->second->done) run_until(found->second->stream, found->second->seq);
         return {};
     }
@@ -193,6 +198,12 @@ public:
         op.ranges.assign(ranges.begin(), ranges.end());
         push(*queue, op);
         return {};
+    }
+
+    /// The next `n` synchronize_event calls fail and run nothing (0: none).
+    void fail_next_waits(unsigned n) noexcept {
+        std::lock_guard lock(mutex_);
+        failing_waits_ = n;
     }
 
     std::uint64_t misuses() const noexcept {
@@ -359,6 +370,7 @@ private:
     std::uint64_t next_seq_ = 0;
     std::uint64_t misuses_ = 0;
     std::string first_misuse_;
+    unsigned failing_waits_ = 0;
 };
 
 static_assert(devstage::AsyncBackend<SlowBackend>);

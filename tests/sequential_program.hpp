@@ -133,6 +133,11 @@ static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBacken
 static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
 enum class StrategyKind : std::uint8_t { bump, packed, per_tensor, mapped };
 
+/// Waits that fail, injected by the engine: none; `recover`, a failed wait for an event that the
+/// backend's synchronize() recovers from (the mock); `stuck`, a failed wait with the work left
+/// pending — the mock's synchronize() fails too, the slow backend has none.
+enum class WaitFaults : std::uint8_t { none, recover, stuck };
+
 struct Config {
     BackendKind backend = BackendKind::mock;
     StrategyKind strategy = StrategyKind::bump;
@@ -155,6 +160,8 @@ struct Config {
     /// The output policy at the start; with `switch_policy` the engine switches it between steps.
     OutputPolicy policy = OutputPolicy::zero;
     bool switch_policy = false;
+    /// Failed waits the engine injects (the mock and the slow backend only).
+    WaitFaults wait_faults = WaitFaults::none;
 
     std::string describe() const {
         static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend",
@@ -173,6 +180,10 @@ struct Config {
         if (packs && frames && device_frames) out << " with device tensors";
         out << (policy == OutputPolicy::zero ? ", Out zeroed" : ", kernel_writes_all")
             << (switch_policy ? " (switched)" : "") << (partial_kernels ? ", partial kernels" : "");
+        if (wait_faults != WaitFaults::none) {
+            out << (wait_faults == WaitFaults::recover ? ", failed waits recovered by synchronize()"
+                                                       : ", failed waits left pending");
+        }
         out << ", up to " << max_steps << " steps";
         return out.str();
     }
@@ -205,6 +216,13 @@ inline Config config_for(std::uint64_t index, Choices& choices) {
     config.partial_kernels = choices.chance(1, 2);
     config.policy = choices.chance(1, 4) ? OutputPolicy::kernel_writes_all : OutputPolicy::zero;
     config.switch_policy = choices.chance(1, 3);
+    if (choices.chance(1, 3)) {
+        if (config.backend == BackendKind::mock || config.backend == BackendKind::mock_no_memset) {
+            config.wait_faults = choices.chance(1, 2) ? WaitFaults::recover : WaitFaults::stuck;
+        } else if (config.backend == BackendKind::slow) {
+            config.wait_faults = WaitFaults::stuck;  // it has no synchronize()
+        }
+    }
     return config;
 }
 
@@ -687,7 +705,9 @@ public:
             case End::wait: {
                 Status waited = step.done->wait();
                 log() << (waited ? "\n" : " -> " + waited.message() + "\n");
-                if (!waited) fail("s" + std::to_string(id) + ": wait() failed: " + waited.message());
+                // A failed wait another step's failed wait settled this slot with is expected.
+                if (!waited && !step.wait_may_fail)
+                    fail("s" + std::to_string(id) + ": wait() failed: " + waited.message());
                 completed(step);
                 break;
             }
@@ -716,6 +736,77 @@ public:
                 log() << "\n";
                 break;
         }
+    }
+
+    /// Ends with step `id`'s Completion through a wait (`destroy`: its destructor) whose first
+    /// wait for an event fails — this slot's, or, when its packed outputs follow another run's,
+    /// that run's; none is made when a poll found the work complete already. With `recover` the
+    /// backend's synchronize() then succeeds: the runs it settled are complete, every output
+    /// delivered, and their waits may report the failure. With `stuck` the work stays pending —
+    /// the Completion with it, its host memory devstage's — and the engine waits again once the
+    /// fault is spent; a destructor reports to the error sink instead, and the stager settles
+    /// the slot later (as for a detached Completion).
+    void failed_wait(int id, bool destroy) {
+        if (!running()) return;
+        Step& step = steps_[static_cast<std::size_t>(id)];
+        const bool stuck = config_.wait_faults == WaitFaults::stuck;
+        log() << "s" << id << (destroy ? " destroy" : " wait") << " with a failing wait"
+              << (stuck ? " (left pending)" : " (recovered by synchronize())");
+        const std::size_t sunk_before = sunk_.size();
+        std::vector<int> pending;  // the runs the failure may reach
+        for (const Step& other : steps_) {
+            if (other.phase == Phase::finished && !other.complete) pending.push_back(other.id);
+        }
+        arm_wait_fault(stuck);
+        Status waited;
+        if (destroy) {
+            step.done.reset();
+            step.released = true;
+        } else {
+            waited = step.done->wait();
+        }
+        disarm_wait_faults();
+        log() << (waited ? "\n" : " -> " + waited.message() + "\n");
+        const bool reported = sunk_.size() > sunk_before;
+        for (std::size_t i = sunk_before; i < sunk_.size(); ++i, ++expected_sinks_) {
+            if (sunk_[i].find("could not be waited for") == std::string::npos &&
+                sunk_[i].find("injected") == std::string::npos) {
+                fail("s" + std::to_string(id) + ": the error sink got a report no failed wait explains: " + sunk_[i]);
+            }
+        }
+        if (!stuck) {
+            for (int other : pending) steps_[static_cast<std::size_t>(other)].wait_may_fail = true;
+            if (!destroy && step.done->pending()) {
+                fail("s" + std::to_string(id) +
+                     ": a failed wait synchronize() recovered from left the Completion "
+                     "pending: " +
+                     waited.message());
+            }
+            completed(step);
+            return;
+        }
+        if (destroy) {
+            if (reported) {
+                step.detached = true;  // its outputs arrive when the stager next settles the slot
+            } else {
+                completed(step);
+            }
+            return;
+        }
+        if (waited) {  // nothing was left to wait for
+            completed(step);
+            return;
+        }
+        if (!step.done->pending()) {
+            fail("s" + std::to_string(id) +
+                 ": a failed wait whose work stays pending left the Completion not pending "
+                 "(its host memory handed back early): " +
+                 waited.message());
+        }
+        const Status again = step.done->wait();
+        log() << "s" << id << " wait again" << (again ? "\n" : " -> " + again.message() + "\n");
+        if (!again) fail("s" + std::to_string(id) + ": the wait after a failed one failed: " + again.message());
+        completed(step);
     }
 
     /// Switches the output policy; the next bind follows it.
@@ -843,7 +934,10 @@ public:
         if (misuses_before != 0 || misuses() != 0) {
             fail("the backend counted " + std::to_string(misuses()) + " misuse(s): " + first_misuse());
         }
-        if (!sunk_.empty()) fail("the stager's error sink was called: " + sunk_.front());
+        if (sunk_.size() != expected_sinks_) {
+            fail("the stager's error sink was called " + std::to_string(sunk_.size()) + " time(s), " +
+                 std::to_string(expected_sinks_) + " expected" + (sunk_.empty() ? "" : ": " + sunk_.front()));
+        }
         report_.stats = stats();
     }
 
@@ -909,7 +1003,8 @@ private:
         bool complete = false;  // known complete: waited, ready, destroyed
         bool released = false;  // its Completion destroyed or detached: a frame is handed back
         bool detached = false;
-        bool in_place = false;  // a frame whose kernel uses its tensors where they lie (a mapped mirror)
+        bool in_place = false;       // a frame whose kernel uses its tensors where they lie (a mapped mirror)
+        bool wait_may_fail = false;  // resolved with another step's injected wait failure
         std::uint64_t finish_order = 0;
         std::optional<HostFrame> frame;
         std::optional<StagedRun> run;
@@ -1449,6 +1544,8 @@ private:
         kernel,
         finish,
         fail_finish,
+        failed_wait,
+        failed_destroy,
         drop,
         wait,
         poll,
@@ -1478,9 +1575,11 @@ private:
             if (step.phase == Phase::finished && step.done) {
                 add(Move::wait, step.id, 2);
                 add(Move::poll, step.id, 2);
+                if (config_.wait_faults != WaitFaults::none) add(Move::failed_wait, step.id, 2);
                 if (may_hand_back(step)) {
                     add(Move::destroy, step.id, 2);
                     add(Move::detach, step.id, config_.disjoint ? 0 : 1);
+                    if (config_.wait_faults != WaitFaults::none) add(Move::failed_destroy, step.id, 1);
                 }
             }
         }
@@ -1516,6 +1615,12 @@ private:
                 break;
             case Move::fail_finish:
                 finish(target, false);
+                break;
+            case Move::failed_wait:
+                failed_wait(target, false);
+                break;
+            case Move::failed_destroy:
+                failed_wait(target, true);
                 break;
             case Move::drop:
                 drop(target);
@@ -1700,6 +1805,27 @@ private:
         }
     }
 
+    // The next wait for an event fails; `stuck`: and so does the mock's next synchronize().
+    void arm_wait_fault(bool stuck) {
+        if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
+            backend_->fail_call(devstage::MockOp::synchronize_event,
+                                backend_->calls(devstage::MockOp::synchronize_event) + 1);
+            if (stuck)
+                backend_->fail_call(devstage::MockOp::synchronize, backend_->calls(devstage::MockOp::synchronize) + 1);
+        } else if constexpr (std::is_same_v<B, SlowBackend>) {
+            (void)stuck;
+            backend_->fail_next_waits(1);
+        } else {
+            (void)stuck;
+        }
+    }
+    void disarm_wait_faults() {
+        if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
+            backend_->clear_faults();
+        } else if constexpr (std::is_same_v<B, SlowBackend>) {
+            backend_->fail_next_waits(0);
+        }
+    }
     std::uint64_t misuses() const {
         if constexpr (std::is_base_of_v<devstage::MockBackend, B> || std::is_same_v<B, SlowBackend>) {
             return backend_->misuses();
@@ -1755,6 +1881,7 @@ private:
     std::deque<Step> steps_;
     std::vector<std::unique_ptr<Job>> jobs_;
     std::vector<std::string> sunk_;
+    std::size_t expected_sinks_ = 0;  // reports of destructors whose wait was made to fail
     std::string trace_;
     std::uint64_t finishes_ = 0;
     std::uint64_t writes_ = 0;

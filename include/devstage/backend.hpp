@@ -380,6 +380,18 @@ concept HostAccessCheckBackend = MappedHostBackend<B> && requires(B& b, const vo
     noexcept->std::same_as<Status>;
 };
 
+/// Optional: `cb.streams_immediate()` noexcept -> bool: true when the backend's streams are
+/// immediate at run time — every operation enqueued on one has completed when its call returns,
+/// and its events are always complete — as for a backend over a runtime without streams (the C
+/// interface's callbacks without stream callbacks). The Stager then treats them as it treats
+/// SynchronousAdapter's stream: no work is left pending, the host never waits on an event, no
+/// copy counts as asynchronous.
+template <class B>
+concept ImmediateStreamsQuery = AsyncBackend<B> && requires(const B& cb) {
+    { cb.streams_immediate() }
+    noexcept->std::convertible_to<bool>;
+};
+
 }  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

@@ -25,8 +25,9 @@ namespace detail {
 class CompletionOwner {
 public:
     /// Blocks until the run of `completion` completed and settles it; `completion` then holds
-    /// its result and is no longer linked.
-    virtual void settle_completion(Completion& completion) noexcept = 0;
+    /// its result. When its work cannot be waited for, nothing is settled: `completion` stays
+    /// pending and the failure is returned.
+    virtual Status settle_completion(Completion& completion) noexcept = 0;
     /// Settles the run of `completion` if it completed, without blocking.
     virtual Result<bool> poll_completion(Completion& completion) noexcept = 0;
     /// Settles slot `slot` through generation `generation` (a completion given up on: a
@@ -69,6 +70,17 @@ private:
 /// a failure to its error sink). The destructor waits unless detached. A default-constructed
 /// Completion is complete and ok. The Completion of a frame's run holds that frame (its slot's
 /// mirror) for the engine until it is destroyed or detached, whether or not it was waited for.
+///
+/// A wait that fails without the run's work being known complete (the slot's event cannot be
+/// waited for, and the backend has no synchronize() or it failed too) returns the failure and
+/// leaves the Completion pending(): the run's host memory is still devstage's (the device may
+/// still write its outputs), nothing is settled, and a later wait() tries again; once one
+/// succeeds the outputs are delivered, packed ones included. The engine's ways out: wait()
+/// again, synchronize the device and wait() again, or Stager::abandon() (the outputs are then
+/// lost, and the memory the device may still write is the engine's to keep away from). A
+/// destructor that cannot wait reports to the stager's error sink and leaves the slot to a
+/// later wait of the stager's (release(), a bind that takes the slot): until then the run's
+/// host memory is not the engine's to reuse.
 class [[nodiscard]] Completion {
 public:
     Completion() noexcept = default;
@@ -84,9 +96,13 @@ public:
     Completion& operator=(const Completion&) = delete;
     ~Completion() { give_up_waiting_or_wait(); }
 
-    /// Blocks until the run completed; its failure, or ok. Repeated calls return the same.
+    /// Blocks until the run completed; its failure, or ok. Repeated calls return the same once
+    /// it is complete; while a wait fails and the work stays pending, each call waits again.
     Status wait() noexcept {
-        if (owner_ != nullptr && !resolved_) owner_->settle_completion(*this);
+        if (owner_ != nullptr && !resolved_) {
+            Status failed = owner_->settle_completion(*this);
+            if (owner_ != nullptr && !resolved_) return failed;  // still pending: not settled
+        }
         return result_;
     }
 
@@ -108,7 +124,7 @@ public:
         if (holds) owner->release_hold(slot_, generation_);
     }
 
-    /// True while the run is watched and not yet known complete.
+    /// True while the run is watched and not yet known complete (a failed wait leaves it so).
     bool pending() const noexcept { return owner_ != nullptr && !resolved_; }
 
 private:

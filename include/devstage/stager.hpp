@@ -376,8 +376,8 @@ private:
     Status join_kernel_streams(Slot& slot, Stream stream) noexcept;
     void settle(std::size_t index) noexcept;
     Status settle_fully(std::size_t index, const char* what) noexcept;
-    void settle_with(std::size_t index, Status status) noexcept;
-    void settle_predecessors(std::size_t index) noexcept;
+    Status settle_with(std::size_t index, Status status) noexcept;
+    Status settle_predecessors(std::size_t index) noexcept;
     void resolve_settled(std::size_t index, const Status& status) noexcept;
     Status release_leases(Slot& slot) noexcept;
     Status end_live_run(Slot& slot) noexcept;
@@ -386,7 +386,7 @@ private:
     // ---- RunOwner and CompletionOwner ------------------------------------------------------
     void drop_run(std::size_t slot) noexcept override;
     void relink_run(std::size_t slot, StagedRun* handle) noexcept override;
-    void settle_completion(Completion& completion) noexcept override;
+    Status settle_completion(Completion& completion) noexcept override;
     Result<bool> poll_completion(Completion& completion) noexcept override;
     void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept override;
     void release_hold(std::size_t slot, std::uint64_t generation) noexcept override;

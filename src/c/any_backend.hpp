@@ -44,6 +44,8 @@ public:
     virtual std::string_view name() const noexcept = 0;
     virtual bool has_pinned() const noexcept = 0;
     virtual bool has_streams() const noexcept = 0;
+    /// ImmediateStreamsQuery: without real streams every enqueued copy is done at the call.
+    bool streams_immediate() const noexcept { return !has_streams(); }
     /// A DEVSTAGE_BACKEND_* value, and the runtime's device id (0 for the simulator and callbacks).
     virtual int kind() const noexcept = 0;
     virtual int device() const noexcept { return 0; }
@@ -111,6 +113,7 @@ static_assert(AsyncBackend<AnyBackend>);
 static_assert(AsyncMemsetBackend<AnyBackend>);
 static_assert(SynchronizingBackend<AnyBackend>);
 static_assert(BatchCopyBackend<AnyBackend>);
+static_assert(ImmediateStreamsQuery<AnyBackend>);
 
 /// Shared by the C handles made from a backend: the last owner closes it (a leak report goes to
 /// stderr then) and destroys it.

@@ -46,6 +46,8 @@ private:
 static_assert(GrowthPolicy<RuntimeGrowth>);
 
 using Growth = CappedGrowth<RuntimeGrowth>;
+/// Stager::max_pipeline_slots, checked where the stagers are made (stager_of.hpp).
+inline constexpr std::size_t max_pipeline_slots = 256;
 inline constexpr std::size_t slice_alignment = 1024;
 using PerTensor = PerTensorMalloc<slice_alignment>;
 using Retained = RetainedBump<Growth, slice_alignment, NoPacking>;

@@ -304,8 +304,9 @@ devstage_status devstage_completion_wait(devstage_completion* completion) {
     return guarded("devstage_completion_wait", [&] {
         CompletionState* c = find<CompletionState>(completion);
         if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_wait", completion);
-        c->waited = true;
-        return report(c->completion.wait());
+        const Status waited = c->completion.wait();
+        c->waited = !c->completion.pending();  // a wait that ended it: its result was given
+        return report(waited);
     });
 }
 
@@ -336,7 +337,18 @@ devstage_status devstage_completion_destroy(devstage_completion* completion) {
         if (completion == nullptr) return report(Status());
         CompletionState* c = find<CompletionState>(completion);
         if (c == nullptr) return bad_handle<CompletionState>("devstage_completion_destroy", completion);
-        const Status waited = c->waited ? Status() : c->completion.wait();
+        // Waits unless a wait already ended it; while the work stays pending (the wait failed),
+        // the handle is kept: its run's host memory is still devstage's.
+        Status waited;
+        if (!c->waited) {
+            waited = c->completion.wait();
+            if (c->completion.pending()) {
+                return report(Status(waited.code(),
+                                     "devstage_completion_destroy: the run's work could not be waited for, so the "
+                                     "completion is kept (its host memory may still be written): " +
+                                         waited.message()));
+            }
+        }
         take_back(completion, c);
         return report(waited);
     });

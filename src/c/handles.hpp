@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -49,14 +50,18 @@ devstage_status fail(Errc code, std::string message) noexcept;
 devstage_status null_argument(const char* function, const char* what) noexcept;
 
 /// Runs an entry point's body, which returns a devstage_status (through report or fail). A
-/// std::bad_alloc of the library's own bookkeeping becomes DEVSTAGE_OUT_OF_MEMORY; nothing else
-/// is thrown by what the bodies call (devstage itself never throws).
+/// std::bad_alloc of the library's own bookkeeping becomes DEVSTAGE_OUT_OF_MEMORY, a
+/// std::length_error (a size no container holds) DEVSTAGE_INVALID_ARGUMENT; nothing else is
+/// thrown by what the bodies call (devstage itself never throws, and the bodies check the counts
+/// they are given before sizing anything by them).
 template <class Body>
 devstage_status guarded(const char* function, Body&& body) noexcept {
     try {
         return body();
     } catch (const std::bad_alloc&) {
         return fail(Errc::out_of_memory, std::string(function) + ": host memory exhausted");
+    } catch (const std::length_error&) {  // a size no container can hold: the caller's, checked before
+        return fail(Errc::invalid_argument, std::string(function) + ": a size or count too large to hold");
     } catch (...) {
         return fail(Errc::backend_failure, std::string(function) + ": unexpected exception");
     }
@@ -104,7 +109,7 @@ struct RunState {
 struct CompletionState {
     std::uint64_t stager;
     Completion completion;
-    bool waited = false;
+    bool waited = false;  // a wait returned its final result (it is no longer pending)
 };
 
 struct FrameState {

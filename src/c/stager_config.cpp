@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 
 #include "any_stager.hpp"
 #include "devstage/detail/util/align.hpp"
@@ -42,81 +43,113 @@ Result<std::size_t> RuntimeGrowth::next_capacity(std::size_t current, std::size_
 
 namespace {
 
-template <class Value>
-Status bad(const char* field, Value value, const char* why, const AnyBackend& backend) {
-    return Status(Errc::invalid_argument, detail::message("devstage_stager_create: ", field, " ", value, " ", why,
-                                                          " (backend '", backend.name(), "')"));
+// Every error of a config, collected: the message names them all, in field order.
+class Problems {
+public:
+    template <class... Parts>
+    void invalid(const Parts&... parts) {
+        add(detail::message(parts...));
+        invalid_ = true;
+    }
+    template <class... Parts>
+    void unsupported(const Parts&... parts) {
+        add(detail::message(parts...));
+    }
+    bool any() const noexcept { return !text_.empty(); }
+    // not_supported only when that is all that is wrong.
+    Status status(const AnyBackend& backend) const {
+        return Status(invalid_ ? Errc::invalid_argument : Errc::not_supported,
+                      detail::message("devstage_stager_create: ", text_, " (backend '", backend.name(), "')"));
+    }
+
+private:
+    void add(const std::string& problem) { text_ += text_.empty() ? problem : "; " + problem; }
+    std::string text_;
+    bool invalid_ = false;
+};
+
+bool retained(const devstage_stager_config& c) noexcept {
+    return c.strategy == DEVSTAGE_STRATEGY_RETAINED;
 }
 
-Result<Growth> growth_of(const devstage_stager_config& c, const AnyBackend& backend) {
-    const std::size_t cap = c.growth_cap != 0 ? c.growth_cap : std::numeric_limits<std::size_t>::max();
+// Checks every field of `c`; the growth policy when the config is valid.
+Result<Growth> checked(const devstage_stager_config& c, const AnyBackend& backend, Problems& problems) {
+    Growth growth(c.growth_cap != 0 ? c.growth_cap : std::numeric_limits<std::size_t>::max());
+    if (c.strategy != DEVSTAGE_STRATEGY_RETAINED && c.strategy != DEVSTAGE_STRATEGY_PER_TENSOR) {
+        problems.invalid("strategy ", c.strategy, " is not DEVSTAGE_STRATEGY_RETAINED or DEVSTAGE_STRATEGY_PER_TENSOR");
+    }
+    const bool known_limit = c.pack_limit == 0 || c.pack_limit == DEVSTAGE_PACK_LIMIT_4K ||
+                             c.pack_limit == DEVSTAGE_PACK_LIMIT_16K || c.pack_limit == DEVSTAGE_PACK_LIMIT_64K;
+    if (!known_limit) {
+        problems.invalid("pack_limit ", c.pack_limit,
+                         " is not 0, 4096, 16384 or 65536 (the limits this library is built with)");
+    }
+    if (c.pack_limit != 0 && c.strategy == DEVSTAGE_STRATEGY_PER_TENSOR) {
+        problems.invalid("pack_limit ", c.pack_limit,
+                         " needs the retained strategy (the per-tensor strategy packs nothing)");
+    }
+    if (c.pipeline_slots > max_pipeline_slots) {
+        problems.invalid(c.pipeline_slots, " pipeline slots asked for; at most ", max_pipeline_slots);
+    }
+    if (c.strategy == DEVSTAGE_STRATEGY_PER_TENSOR &&
+        (c.growth != DEVSTAGE_GROWTH_EXACT || c.growth_cap != 0 || c.grow_order != DEVSTAGE_GROW_ALLOCATE_FIRST)) {
+        problems.invalid(
+            "growth, growth_cap and grow_order apply to the retained strategy; the per-tensor strategy allocates per "
+            "arg");
+    }
     switch (c.growth) {
         case DEVSTAGE_GROWTH_EXACT:
-            return Growth(cap);
+            break;
         case DEVSTAGE_GROWTH_GEOMETRIC:
             if (c.growth_denominator == 0 || c.growth_numerator <= c.growth_denominator) {
-                return Status(Errc::invalid_argument,
-                              detail::message("devstage_stager_create: geometric growth ", c.growth_numerator, "/",
-                                              c.growth_denominator,
-                                              " is not a factor above 1 (numerator > denominator > 0) (backend '",
-                                              backend.name(), "')"));
+                problems.invalid("geometric growth ", c.growth_numerator, "/", c.growth_denominator,
+                                 " is not a factor above 1 (numerator > denominator > 0)");
+            } else {
+                growth = Growth(growth.cap(), RuntimeGrowth(RuntimeGrowth::Kind::geometric, c.growth_numerator,
+                                                            c.growth_denominator, 1));
             }
-            return Growth(cap,
-                          RuntimeGrowth(RuntimeGrowth::Kind::geometric, c.growth_numerator, c.growth_denominator, 1));
+            break;
         case DEVSTAGE_GROWTH_GRANULAR:
             if (c.growth_granule == 0 || (c.growth_granule & (c.growth_granule - 1)) != 0) {
-                return bad("growth_granule", c.growth_granule, "is not a power of two", backend);
+                problems.invalid("growth_granule ", c.growth_granule, " is not a power of two");
+            } else {
+                growth = Growth(growth.cap(), RuntimeGrowth(RuntimeGrowth::Kind::granular, 1, 1, c.growth_granule));
             }
-            return Growth(cap, RuntimeGrowth(RuntimeGrowth::Kind::granular, 1, 1, c.growth_granule));
-    }
-    return bad("growth", c.growth,
-               "is not DEVSTAGE_GROWTH_EXACT, DEVSTAGE_GROWTH_GEOMETRIC or DEVSTAGE_GROWTH_GRANULAR", backend);
-}
-
-// The stager of the strategy `c` names, output policy aside.
-Result<std::unique_ptr<AnyStager>> make_strategy(AnyBackend& backend, const devstage_stager_config& c) {
-    if (c.strategy == DEVSTAGE_STRATEGY_PER_TENSOR) {
-        if (c.pack_limit != 0) {
-            return bad("pack_limit", c.pack_limit,
-                       "needs the retained strategy (the per-tensor strategy packs nothing)", backend);
-        }
-        if (c.growth != DEVSTAGE_GROWTH_EXACT || c.growth_cap != 0 || c.grow_order != DEVSTAGE_GROW_ALLOCATE_FIRST) {
-            return Status(Errc::invalid_argument,
-                          detail::message("devstage_stager_create: growth, growth_cap and grow_order apply to the "
-                                          "retained strategy; the per-tensor strategy allocates per arg (backend '",
-                                          backend.name(), "')"));
-        }
-        return make_stager_of(backend, PerTensor{}, c.pipeline_slots);
-    }
-    if (c.strategy != DEVSTAGE_STRATEGY_RETAINED) {
-        return bad("strategy", c.strategy, "is not DEVSTAGE_STRATEGY_RETAINED or DEVSTAGE_STRATEGY_PER_TENSOR",
-                   backend);
+            break;
+        default:
+            problems.invalid("growth ", c.growth,
+                             " is not DEVSTAGE_GROWTH_EXACT, DEVSTAGE_GROWTH_GEOMETRIC or DEVSTAGE_GROWTH_GRANULAR");
     }
     if (c.grow_order != DEVSTAGE_GROW_ALLOCATE_FIRST && c.grow_order != DEVSTAGE_GROW_FREE_FIRST) {
-        return bad("grow_order", c.grow_order, "is not DEVSTAGE_GROW_ALLOCATE_FIRST or DEVSTAGE_GROW_FREE_FIRST",
-                   backend);
+        problems.invalid("grow_order ", c.grow_order,
+                         " is not DEVSTAGE_GROW_ALLOCATE_FIRST or DEVSTAGE_GROW_FREE_FIRST");
     }
-    Result<Growth> growth = growth_of(c, backend);
-    if (!growth) return growth.status();
+    if (c.output_policy != DEVSTAGE_OUTPUT_ZERO && c.output_policy != DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL) {
+        problems.invalid("output_policy ", c.output_policy,
+                         " is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL");
+    }
+    if (c.pack_limit != 0 && !backend.has_pinned()) {
+        problems.unsupported("pack_limit ", c.pack_limit, " needs pinned host memory for the packed mirror; backend '",
+                             backend.name(), "' has none");
+    }
+    if (problems.any()) return problems.status(backend);
+    return growth;
+}
+
+// The stager of the strategy `c` (valid) names, output policy aside.
+std::unique_ptr<AnyStager> make_strategy(AnyBackend& backend, const devstage_stager_config& c, const Growth& growth) {
+    if (!retained(c)) return make_stager_of(backend, PerTensor{}, c.pipeline_slots);
     const GrowOrder order =
         c.grow_order == DEVSTAGE_GROW_FREE_FIRST ? GrowOrder::free_first : GrowOrder::allocate_first;
-    if (c.pack_limit != 0 && !backend.has_pinned()) {
-        return Status(Errc::not_supported, detail::message("devstage_stager_create: pack_limit ", c.pack_limit,
-                                                           " needs pinned host memory for the packed mirror; backend '",
-                                                           backend.name(), "' has none"));
-    }
     switch (c.pack_limit) {
-        case 0:
-            return make_stager_of(backend, Retained(*growth, order), c.pipeline_slots);
         case DEVSTAGE_PACK_LIMIT_4K:
-            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_4K>(*growth, order), c.pipeline_slots);
+            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_4K>(growth, order), c.pipeline_slots);
         case DEVSTAGE_PACK_LIMIT_16K:
-            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_16K>(*growth, order), c.pipeline_slots);
+            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_16K>(growth, order), c.pipeline_slots);
         case DEVSTAGE_PACK_LIMIT_64K:
-            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_64K>(*growth, order), c.pipeline_slots);
+            return make_stager_of(backend, Packed<DEVSTAGE_PACK_LIMIT_64K>(growth, order), c.pipeline_slots);
         default:
-            return bad("pack_limit", c.pack_limit,
-                       "is not 0, 4096, 16384 or 65536 (the limits this library is built with)", backend);
+            return make_stager_of(backend, Retained(growth, order), c.pipeline_slots);
     }
 }
 
@@ -124,15 +157,12 @@ Result<std::unique_ptr<AnyStager>> make_strategy(AnyBackend& backend, const devs
 
 Result<std::unique_ptr<AnyStager>> make_stager(AnyBackend& backend, const devstage_stager_config* config) {
     const devstage_stager_config c = config != nullptr ? *config : devstage_stager_config{};
-    if (c.output_policy != DEVSTAGE_OUTPUT_ZERO && c.output_policy != DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL) {
-        return bad("output_policy", c.output_policy, "is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL",
-                   backend);
-    }
-    Result<std::unique_ptr<AnyStager>> made = make_strategy(backend, c);
-    if (made) {
-        (*made)->set_output_policy(c.output_policy == DEVSTAGE_OUTPUT_ZERO ? OutputPolicy::zero
-                                                                           : OutputPolicy::kernel_writes_all);
-    }
+    Problems problems;
+    Result<Growth> growth = checked(c, backend, problems);
+    if (!growth) return growth.status();
+    std::unique_ptr<AnyStager> made = make_strategy(backend, c, *growth);
+    made->set_output_policy(c.output_policy == DEVSTAGE_OUTPUT_ZERO ? OutputPolicy::zero
+                                                                    : OutputPolicy::kernel_writes_all);
     return made;
 }
 

@@ -16,6 +16,7 @@ namespace devstage::capi {
 
 template <class Strategy>
 class StagerOf final : public AnyStager {
+    static_assert(Stager<AnyBackend, Strategy>::max_pipeline_slots == max_pipeline_slots);
     static constexpr bool packs = detail::pack_limit_of<Strategy>() > 0;
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
 

@@ -148,7 +148,15 @@ inline devstage_status run_once(devstage_backend* backend, devstage_stager* stag
     const devstage_status finished = devstage_finish_on(stager, run, *stream, s, &done);
     if (finished != DEVSTAGE_OK) return s != DEVSTAGE_OK ? s : finished;
     const devstage_status waited = devstage_completion_wait(done);
-    const devstage_status destroyed = devstage_completion_destroy(done);
+    devstage_status destroyed = devstage_completion_destroy(done);
+    // A wait that failed with the work still pending keeps the handle; the faults the tests
+    // arm are for one call, so waiting again ends it.
+    for (int retry = 0; retry < 4 && destroyed != DEVSTAGE_OK; ++retry) {
+        int pending = 0;
+        if (devstage_completion_pending(done, &pending) != DEVSTAGE_OK) break;  // destroyed already
+        (void)devstage_completion_wait(done);
+        destroyed = devstage_completion_destroy(done);
+    }
     if (s != DEVSTAGE_OK) return s;
     return waited != DEVSTAGE_OK ? waited : destroyed;
 }

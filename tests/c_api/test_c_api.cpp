@@ -233,6 +233,76 @@ TEST_CASE("c api: stager configs are checked field by field", "[c_api]") {
     c = {};
     c.output_policy = 5;
     refused(c, "output_policy 5 is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL");
+    // Every error of a config in one message, in field order.
+    c = {};
+    c.strategy = DEVSTAGE_STRATEGY_PER_TENSOR;
+    c.pack_limit = 1000;
+    c.pipeline_slots = 300;
+    c.growth = DEVSTAGE_GROWTH_GRANULAR;
+    c.growth_granule = 3;
+    c.output_policy = 9;
+    refused(c,
+            "devstage_stager_create: pack_limit 1000 is not 0, 4096, 16384 or 65536 (the limits this library is built "
+            "with); pack_limit 1000 needs the retained strategy (the per-tensor strategy packs nothing); 300 pipeline "
+            "slots asked for; at most 256; growth, growth_cap and grow_order apply to the retained strategy; the "
+            "per-tensor strategy allocates per arg; growth_granule 3 is not a power of two; output_policy 9 is not "
+            "DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL (backend 'sim')");
+}
+
+TEST_CASE("c api: a bad pack_limit and a backend without pinned memory are named in one message", "[c_api]") {
+    fake_device* device = fake_device_create(1 << 20, 0);
+    devstage_callbacks callbacks;
+    fake_device_callbacks(device, &callbacks);
+    callbacks.pinned_malloc = nullptr;
+    callbacks.pinned_free = nullptr;
+    devstage_backend* made = nullptr;
+    C_OK(devstage_backend_create_callbacks(&callbacks, &made));
+    Backend backend(made);
+    devstage_stager_config c{};
+    c.pack_limit = 1000;
+    devstage_stager* stager = nullptr;
+    CHECK(devstage_stager_create(backend.get(), &c, &stager) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(last() ==
+          "devstage_stager_create: pack_limit 1000 is not 0, 4096, 16384 or 65536 (the limits this library is built "
+          "with); pack_limit 1000 needs pinned host memory for the packed mirror; backend 'fake' has none (backend "
+          "'fake')");
+    c.pack_limit = DEVSTAGE_PACK_LIMIT_4K;  // only the capability is missing
+    CHECK(devstage_stager_create(backend.get(), &c, &stager) == DEVSTAGE_NOT_SUPPORTED);
+    CHECK(last().find("pack_limit 4096 needs pinned host memory") != std::string::npos);
+    CHECK(stager == nullptr);
+    backend.reset();
+    fake_device_destroy(device);
+}
+
+TEST_CASE("c api: reserve names what holds the slots, and how to let go of it", "[c_api]") {
+    Backend backend = sim();
+    devstage_stager_config config{};
+    config.pack_limit = DEVSTAGE_PACK_LIMIT_4K;
+    Stager stager = stager_of(backend.get(), &config);
+    devstage_stream stream = nullptr;
+    C_OK(devstage_stream_create(backend.get(), &stream));
+    const devstage_tensor_shape shapes[] = {{64, DEVSTAGE_IN_OUT, nullptr}};
+    devstage_frame* frame = nullptr;
+    C_OK(devstage_frame_create(stager.get(), shapes, 1, &frame));
+    CHECK(devstage_stager_reserve(stager.get(), 4096) == DEVSTAGE_BUSY);
+    CHECK(last().find(": 1 unbound frame (bind it)") != std::string::npos);
+    devstage_run* run = nullptr;
+    C_OK(devstage_bind_frame_on(stager.get(), frame, stream, &run));
+    CHECK(devstage_stager_reserve(stager.get(), 4096) == DEVSTAGE_BUSY);
+    CHECK(last().find(": 1 live run (finish it)") != std::string::npos);
+    devstage_completion* done = nullptr;
+    C_OK(devstage_finish_on(stager.get(), run, stream, DEVSTAGE_OK, &done));
+    C_OK(devstage_completion_wait(done));
+    // The run is over; what holds the slot is its Completion, which the engine has to let go of.
+    CHECK(devstage_stager_reserve(stager.get(), 4096) == DEVSTAGE_BUSY);
+    CHECK(last() ==
+          "stager reserve: the slots' memory is in use on backend 'sim': 1 frame whose run's Completion is still "
+          "held (destroy or detach that Completion)");
+    C_OK(devstage_completion_destroy(done));
+    C_OK(devstage_stager_reserve(stager.get(), 4096));
+    C_OK(devstage_frame_destroy(frame));
+    stager.reset();
+    C_OK(devstage_stream_destroy(backend.get(), stream));
 }
 
 TEST_CASE("c api: growth policies, the cap, grow order and reserve", "[c_api]") {

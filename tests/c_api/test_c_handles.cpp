@@ -628,3 +628,176 @@ TEST_CASE("c handles: the stats carry every StagerStats counter, batches include
     stager.reset();
     C_OK(devstage_stream_destroy(cuda, stream));
 }
+
+namespace {
+
+// A run on the fake device's deferred stream: bound, its kernel enqueued, finished; nothing ran.
+devstage_completion* pending_run(Fake& fake, devstage_stager* stager, devstage_stream stream, Tensors& t) {
+    std::vector<devstage_tensor_arg> args = t.args();
+    devstage_run* run = nullptr;
+    C_OK(devstage_bind_on(stager, args.data(), args.size(), stream, &run));
+    C_OK(devstage_stream_synchronize(fake.backend.get(), stream));  // the kernel reads the uploads
+    C_OK(kernel(fake.backend.get(), run, t.in.size()));
+    devstage_completion* done = nullptr;
+    C_OK(devstage_finish_on(stager, run, stream, DEVSTAGE_OK, &done));
+    return done;
+}
+
+}  // namespace
+
+TEST_CASE("c handles: a completion whose wait fails stays pending, and its destroy keeps it", "[c_handles]") {
+    for (const bool synchronize : {false, true}) {
+        CAPTURE(synchronize);
+        Fake fake(1, std::size_t{1} << 30, true, synchronize);
+        devstage_stager_config config{};
+        config.pack_limit = DEVSTAGE_PACK_LIMIT_4K;  // packed outputs too
+        Stager stager = stager_of(fake.backend.get(), &config);
+        devstage_stream stream = nullptr;
+        C_OK(devstage_stream_create(fake.backend.get(), &stream));
+        Tensors t(3000);
+        const std::vector<unsigned char> out_before = t.out, state_before = t.state;
+        devstage_completion* done = pending_run(fake, stager.get(), stream, t);
+        fake_device_fail(fake.device, FAKE_SYNCHRONIZE_EVENT, 1);
+        if (synchronize) fake_device_fail(fake.device, FAKE_SYNCHRONIZE, 1);  // it fails too
+        CHECK(devstage_completion_wait(done) == DEVSTAGE_BACKEND_FAILURE);
+        CHECK(says("could not be waited for"));
+        int pending = 0;
+        C_OK(devstage_completion_pending(done, &pending));
+        CHECK(pending == 1);
+        CHECK(t.out == out_before);  // the copy-backs have not run: the memory is still devstage's
+        CHECK(t.state == state_before);
+        // Destroying it waits, fails the same way, and keeps the handle.
+        fake_device_fail(fake.device, FAKE_SYNCHRONIZE_EVENT, 1);
+        if (synchronize) fake_device_fail(fake.device, FAKE_SYNCHRONIZE, 1);
+        CHECK(devstage_completion_destroy(done) == DEVSTAGE_BACKEND_FAILURE);
+        CHECK(says("the completion is kept"));
+        C_OK(devstage_completion_pending(done, &pending));
+        CHECK(pending == 1);
+        // The fault is spent: the next wait delivers every output.
+        C_OK(devstage_completion_wait(done));
+        C_OK(devstage_completion_pending(done, &pending));
+        CHECK(pending == 0);
+        CHECK(t.expected());
+        C_OK(devstage_completion_destroy(done));
+        CHECK(devstage_completion_pending(done, &pending) == DEVSTAGE_INVALID_ARGUMENT);  // gone now
+        stager.reset();
+        C_OK(devstage_stream_destroy(fake.backend.get(), stream));
+    }
+}
+
+TEST_CASE("c handles: a failed wait the device-wide synchronize recovers reports and delivers", "[c_handles]") {
+    Fake fake(1);  // with the synchronize callback
+    devstage_stager_config config{};
+    config.pack_limit = DEVSTAGE_PACK_LIMIT_4K;
+    Stager stager = stager_of(fake.backend.get(), &config);
+    devstage_stream stream = nullptr;
+    C_OK(devstage_stream_create(fake.backend.get(), &stream));
+    Tensors t(3000);
+    devstage_completion* done = pending_run(fake, stager.get(), stream, t);
+    fake_device_fail(fake.device, FAKE_SYNCHRONIZE_EVENT, 1);
+    CHECK(devstage_completion_wait(done) == DEVSTAGE_BACKEND_FAILURE);
+    int pending = 1;
+    C_OK(devstage_completion_pending(done, &pending));
+    CHECK(pending == 0);  // the device was waited for
+    CHECK(t.expected());  // packed and direct outputs alike
+    CHECK(fake_device_calls(fake.device, FAKE_SYNCHRONIZE) == 1);
+    CHECK(devstage_completion_destroy(done) == DEVSTAGE_OK);  // waited already
+    stager.reset();
+    C_OK(devstage_stream_destroy(fake.backend.get(), stream));
+}
+
+TEST_CASE("c handles: a stager destroyed with work it cannot wait for resolves its completions", "[c_handles]") {
+    Fake fake(1, std::size_t{1} << 30, true, false);  // no synchronize
+    devstage_stager* stager = nullptr;
+    C_OK(devstage_stager_create(fake.backend.get(), nullptr, &stager));
+    C_OK(devstage_stager_set_error_sink(
+        stager, [](void*, devstage_status, const char*) {}, nullptr));
+    devstage_stream stream = nullptr;
+    C_OK(devstage_stream_create(fake.backend.get(), &stream));
+    Tensors t(500);
+    devstage_completion* done = pending_run(fake, stager, stream, t);
+    fake_device_fail(fake.device, FAKE_SYNCHRONIZE_EVENT, 1);
+    CHECK(devstage_completion_wait(done) == DEVSTAGE_BACKEND_FAILURE);
+    fake_device_fail(fake.device, FAKE_SYNCHRONIZE_EVENT, 1);
+    CHECK(devstage_stager_destroy(stager) == DEVSTAGE_BACKEND_FAILURE);  // its release could not wait
+    int pending = 1;
+    C_OK(devstage_completion_pending(done, &pending));
+    CHECK(pending == 0);
+    CHECK(devstage_completion_destroy(done) == DEVSTAGE_BACKEND_FAILURE);  // resolved with the failure: freed
+    CHECK(says("stager destroyed"));
+    CHECK(devstage_completion_destroy(done) == DEVSTAGE_INVALID_ARGUMENT);
+    // The device runs what was left; the buffer the stager could not free goes with the backend.
+    C_OK(devstage_stream_synchronize(fake.backend.get(), stream));
+    C_OK(devstage_stream_destroy(fake.backend.get(), stream));
+    CHECK(devstage_backend_destroy(fake.backend.release()) == DEVSTAGE_LEAKED);
+}
+
+TEST_CASE("c handles: callbacks without streams count no asynchronous copy and no host wait", "[c_handles]") {
+    Fake fake(0);
+    for (const std::size_t pack : {std::size_t{0}, DEVSTAGE_PACK_LIMIT_4K}) {
+        devstage_stager_config config{};
+        config.pack_limit = pack;
+        config.pipeline_slots = 2;
+        Stager stager = stager_of(fake.backend.get(), &config);
+        devstage_stream stream = nullptr;
+        C_OK(devstage_stream_create(fake.backend.get(), &stream));
+        for (int step = 0; step < 3; ++step) {
+            Tensors streamed(700), synchronous(5000);
+            C_OK(run_once(fake.backend.get(), stager.get(), streamed, &stream));
+            C_OK(run_once(fake.backend.get(), stager.get(), synchronous));
+            CHECK(streamed.expected());
+            CHECK(synchronous.expected());
+        }
+        devstage_stager_stats stats{};
+        C_OK(devstage_stager_stats_get(stager.get(), &stats));
+        CHECK(stats.uploads > 0);
+        CHECK(stats.async_uploads == 0);  // every stream of this backend is immediate
+        CHECK(stats.async_copy_backs == 0);
+        CHECK(stats.host_waits == 0);
+        stager.reset();
+        C_OK(devstage_stream_destroy(fake.backend.get(), stream));
+    }
+}
+
+TEST_CASE("c handles: a bad stream never wedges a slot; the stager's destroy frees everything", "[c_handles]") {
+    for (const int streams : {0, 1}) {
+        CAPTURE(streams);
+        Fake fake(streams, std::size_t{1} << 30, true, false);  // no synchronize to recover with
+        devstage_stager* stager = nullptr;
+        C_OK(devstage_stager_create(fake.backend.get(), nullptr, &stager));
+        devstage_stream stream = nullptr, destroyed = nullptr;
+        C_OK(devstage_stream_create(fake.backend.get(), &stream));
+        C_OK(devstage_stream_create(fake.backend.get(), &destroyed));
+        C_OK(devstage_stream_destroy(fake.backend.get(), destroyed));
+        auto* bogus = reinterpret_cast<devstage_stream>(std::uintptr_t{0x1234});
+        // A bind that enqueues nothing is refused all the same: its stream is checked.
+        devstage_run* run = nullptr;
+        for (devstage_stream bad : {bogus, destroyed}) {
+            CHECK(devstage_bind_on(stager, nullptr, 0, bad, &run) == DEVSTAGE_INVALID_ARGUMENT);
+            CHECK(run == nullptr);
+        }
+        // A finish on a bad stream leaves the run as it was.
+        Tensors t(2048);
+        std::vector<devstage_tensor_arg> args = t.args();
+        C_OK(devstage_bind_on(stager, args.data(), args.size(), stream, &run));
+        devstage_completion* done = nullptr;
+        for (devstage_stream bad : {bogus, destroyed}) {
+            CHECK(devstage_finish_on(stager, run, bad, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+            CHECK(done == nullptr);
+        }
+        C_OK(devstage_stream_synchronize(fake.backend.get(), stream));
+        C_OK(kernel(fake.backend.get(), run, 2048));
+        C_OK(devstage_finish_on(stager, run, stream, DEVSTAGE_OK, &done));
+        C_OK(devstage_completion_wait(done));
+        C_OK(devstage_completion_destroy(done));
+        CHECK(t.expected());
+        // The slot is as good as new: binds, a release, and a destroy that frees the buffer.
+        Tensors again(100);
+        C_OK(run_once(fake.backend.get(), stager, again, &stream));
+        CHECK(again.expected());
+        C_OK(devstage_stager_release(stager));
+        C_OK(devstage_stager_destroy(stager));
+        CHECK(fake_device_live_device(fake.device) == 0);
+        C_OK(devstage_stream_destroy(fake.backend.get(), stream));
+    }
+}

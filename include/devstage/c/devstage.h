@@ -312,6 +312,9 @@ typedef struct devstage_stager_config {
  * completion destroyed unwaited, a free that failed while destroying). Default: stderr. */
 typedef void (*devstage_error_sink)(void* context, devstage_status status, const char* message);
 
+/* A stager over `backend` as `config` says (NULL: the defaults). Every error of the config is
+ * named in one message; DEVSTAGE_NOT_SUPPORTED when all that is wrong is a capability the backend
+ * lacks (pinned memory, for packing), else DEVSTAGE_INVALID_ARGUMENT. */
 DEVSTAGE_C_API devstage_status devstage_stager_create(devstage_backend* backend, const devstage_stager_config* config,
                                                       devstage_stager** out);
 /* Waits for pending work, releases a live run and every retained buffer. Returns the first
@@ -386,13 +389,21 @@ DEVSTAGE_C_API devstage_status devstage_finish_on(devstage_stager* stager, devst
 DEVSTAGE_C_API devstage_status devstage_run_destroy(devstage_run* run);
 
 /* Blocks until the run's copy-backs are in host memory; the run's asynchronous failure, or
- * DEVSTAGE_OK. Repeated calls return the same. */
+ * DEVSTAGE_OK. Repeated calls return the same once it is complete. A wait that fails while the
+ * run's work is not known complete (its event cannot be waited for, and the backend cannot wait
+ * for the whole device) returns the failure and leaves the completion pending: its host memory
+ * is still devstage's, and a later wait tries again; the one that succeeds delivers every
+ * output. Ways out: wait again, devstage_backend_synchronize then wait, or
+ * devstage_stager_abandon / devstage_stager_destroy (the outputs are then lost). */
 DEVSTAGE_C_API devstage_status devstage_completion_wait(devstage_completion* completion);
 /* *ready: 1 once the outputs are in host memory, else 0. Never blocks. */
 DEVSTAGE_C_API devstage_status devstage_completion_ready(devstage_completion* completion, int* ready);
 /* *pending: 1 while the run is not known complete (its host memory is devstage's), else 0. */
 DEVSTAGE_C_API devstage_status devstage_completion_pending(const devstage_completion* completion, int* pending);
-/* Waits if it was not waited for (returning that wait's result), then frees the handle. */
+/* Waits if no wait ended it (returning that wait's result), then frees the handle. When that
+ * wait fails and the run stays pending, the failure is returned and the handle is kept (a failed
+ * call takes nothing): destroy it again once a wait succeeds, or once its stager was abandoned
+ * or destroyed (which resolves it with a failure). */
 DEVSTAGE_C_API devstage_status devstage_completion_destroy(devstage_completion* completion);
 
 /* Inputs written in place (packing stagers). `device` NULL: a host tensor, given space in the

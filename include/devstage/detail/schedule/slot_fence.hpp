@@ -6,12 +6,15 @@
 // every use of a slot is ordered after the previous one (same stream, or a stream wait), so
 // the latest recording completing implies every earlier one did.
 //
-// Work is pending from the moment it is enqueued until a wait or a query proves it complete.
+// Work is pending from the moment it is enqueued until a wait or a query proves it complete;
+// on a backend whose streams are immediate at run time (ImmediateStreamsQuery) it never is, and
+// the fence makes no backend call.
 // A failed record leaves it pending, unmarked: the next wait, query or stream wait records
 // again first. A failed wait leaves it pending too, unless the backend can wait for the whole
 // device (SynchronizingBackend) and synchronize() succeeds: then nothing of the slot still runs.
 
 #include "devstage/backend.hpp"
+#include "devstage/detail/schedule/immediate.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
@@ -35,7 +38,7 @@ public:
     /// later record never needs to allocate).
     Status prepare(A& async) noexcept {
         if constexpr (!immediate) {
-            if (!created_) {
+            if (!created_ && !streams_immediate(async)) {
                 Result<Event> done = async.create_event();
                 if (!done) return done.status();
                 Result<Event> bound = async.create_event();
@@ -55,6 +58,7 @@ public:
     /// record fails the work is pending all the same, and marked again before it is waited for.
     Status record(A& async, Stream stream) noexcept {
         if constexpr (!immediate) {
+            if (streams_immediate(async)) return {};  // complete already
             pending_ = true;
             stream_ = stream;
             Status recorded = async.record_event(done_, stream);
@@ -76,7 +80,7 @@ public:
     /// stream and finished on another).
     Status join(A& async, Stream earlier, Stream later) noexcept {
         if constexpr (!immediate) {
-            if (earlier == later) return {};
+            if (earlier == later || streams_immediate(async)) return {};
             if (Status recorded = async.record_event(bound_, earlier); !recorded) return recorded;
             return async.stream_wait_event(later, bound_);
         }
@@ -87,6 +91,7 @@ public:
     /// call on a backend with real streams).
     Status drain(A& async, Stream stream, StagerStats& stats) noexcept {
         if constexpr (!immediate) {
+            if (streams_immediate(async)) return {};
             if (Status recorded = async.record_event(bound_, stream); !recorded) return recorded;
             ++stats.host_waits;
             return async.synchronize_event(bound_);

@@ -139,7 +139,7 @@ Result<StagedRun> Stager<B, Strategy>::bound(std::size_t index, std::size_t coun
     }
     if constexpr (detail::maps_of<Strategy>()) stats_.mapped_runs += slot.mapped ? 1 : 0;
     slot.live = true;
-    slot.uploads_pending = enqueued && !immediate;
+    slot.uploads_pending = enqueued && !detail::streams_immediate(async());
     slot.run_leases = true;
     slot.bind_stream = stream;
     slot.kernel_stream_count = 0;
@@ -184,7 +184,11 @@ Status Stager<B, Strategy>::make_ready(std::size_t index, Stream stream, bool ho
             return slot.fence.order_before(async(), stream);
         }
     }
-    if (slot.settled < slot.generation || !slot.deferred.empty()) settle_with(index, Status());
+    if (slot.settled < slot.generation || !slot.deferred.empty()) {
+        if (Status settled = settle_with(index, Status()); !settled) {
+            return Status(settled.code(), with_backend(detail::message("stager bind: ", settled.message())));
+        }
+    }
     return {};
 }
 
@@ -245,9 +249,13 @@ template <Backend B, class Strategy>
 Status Stager<B, Strategy>::reserve(std::size_t bytes) noexcept
     requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
     if (slots_.empty()) return broken_;
-    const auto framed = static_cast<std::size_t>(
-        std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed || s.held; }));
-    if (live_runs() > 0 || framed > 0) return detail::slots_in_use("reserve", live_runs(), framed, backend_->name());
+    const auto framed =
+        static_cast<std::size_t>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.framed; }));
+    const auto held = static_cast<std::size_t>(
+        std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.held && !s.framed; }));
+    if (live_runs() > 0 || framed + held > 0) {
+        return detail::slots_in_use("reserve", live_runs(), framed, held, backend_->name());
+    }
     const std::size_t mirror = detail::pack_limit_of<Strategy>() > 0 ? bytes : 0;
     for (std::size_t index = 0; index < slots_.size(); ++index) {  // all settled before any grows
         if (Status settled = settle_fully(index, "reserve"); !settled) return settled;
@@ -327,7 +335,7 @@ Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, c
     }
     stats_.bytes_from_device += backs.bytes;
     stats_.copy_backs += backs.calls;
-    if constexpr (!immediate) stats_.async_copy_backs += backs.calls;
+    if (!detail::streams_immediate(async())) stats_.async_copy_backs += backs.calls;
 
     if (Status recorded = slot.fence.record(async(), fenced); !recorded && first.ok()) first = recorded;
     slot.uses_mirror = slot.uses_mirror || slot.unpack;

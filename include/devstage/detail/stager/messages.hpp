@@ -25,11 +25,24 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                                       backend, "'; finish or bind one, or destroy or detach a frame's Completion"));
 }
 
-[[gnu::cold]] inline Status slots_in_use(const char* what, std::size_t live, std::size_t framed,
+// What holds the slots, and how the engine lets go of each: live runs (finish them), unbound
+// frames (bind them), frames whose run's Completion is still held (destroy or detach it).
+[[gnu::cold]] inline Status slots_in_use(const char* what, std::size_t live, std::size_t framed, std::size_t held,
                                          std::string_view backend) noexcept {
-    return Status(Errc::busy, message("stager ", what, ": ", live, " live run(s) and ", framed,
-                                      " unbound frame(s) use the slots' memory on backend '", backend,
-                                      "'; finish or bind them first"));
+    const auto part = [](std::size_t count, const char* one, const char* many, const char* then) {
+        if (count == 0) return std::string();
+        return message(count, " ", count == 1 ? one : many, " (", then, ")");
+    };
+    std::string parts;
+    for (const std::string& p :
+         {part(live, "live run", "live runs", "finish it"), part(framed, "unbound frame", "unbound frames", "bind it"),
+          part(held, "frame whose run's Completion is still held", "frames whose runs' Completions are still held",
+               "destroy or detach that Completion")}) {
+        if (p.empty()) continue;
+        parts += parts.empty() ? p : "; " + p;
+    }
+    return Status(Errc::busy,
+                  message("stager ", what, ": the slots' memory is in use on backend '", backend, "': ", parts));
 }
 
 [[gnu::cold]] inline Status slot_out_of_range(const char* what, std::size_t slot, std::size_t slots,

@@ -28,13 +28,21 @@ Stager<B, Strategy>::Stager(B& backend, Strategy strategy, std::size_t pipeline_
 template <Backend B, class Strategy>
 Stager<B, Strategy>::~Stager() {
     if (Status status = release(); !status) sink_(status);
+    bool stuck = false;  // a slot whose work could not be waited for: its runs end unsettled
     for (Slot& slot : slots_) {
+        stuck = stuck || slot.fence.pending() || slot.settled < slot.generation;
         if (Status destroyed = slot.fence.destroy(async()); !destroyed) sink_(destroyed);
     }
     if (own_stream_) {
         if (Status destroyed = async().destroy_stream(*own_stream_); !destroyed) sink_(destroyed);
     }
-    resolve_all(Status());
+    if (!stuck) {
+        resolve_all(Status());
+    } else {
+        resolve_all(Status(Errc::backend_failure,
+                           with_backend("stager destroyed: the run's pending work could not be waited for; its outputs "
+                                        "were not delivered, and the device may still write its host memory")));
+    }
 }
 
 template <Backend B, class Strategy>
@@ -43,36 +51,40 @@ Status Stager<B, Strategy>::check_run(const StagedRun& run, const char* what) co
     return detail::run_not_ours(what, run.owner_ == nullptr, backend_->name());
 }
 
-// Blocks until slot `index`'s pending work completed, then settles it.
+// Blocks until slot `index`'s pending work completed, then settles it; when it cannot be
+// settled (its work, or that of a run it follows, stays pending) the failure goes to the error
+// sink and the slot waits for a later settle.
 template <Backend B, class Strategy>
 void Stager<B, Strategy>::settle(std::size_t index) noexcept {
-    Slot& slot = slots_[index];
-    settle_with(index, slot.fence.wait(async(), stats_));
+    if (Status settled = settle_fully(index, "settle"); !settled) sink_(settled);
 }
 
-// settle(), and an error when the work stays pending (its event could not be waited for,
-// on a backend without synchronize()): the slot's memory is then still in use.
+// settle(), and an error, reported to no sink, when the slot cannot be settled: its work stays
+// pending (its event could not be waited for, and synchronize() is missing or failed), or so
+// does the work of a run whose packed outputs come before its own. The slot's memory is then
+// still in use and nothing of it is settled.
 template <Backend B, class Strategy>
 Status Stager<B, Strategy>::settle_fully(std::size_t index, const char* what) noexcept {
     Slot& slot = slots_[index];
-    Status waited = slot.fence.wait(async(), stats_);
-    settle_with(index, waited);
-    if (!slot.fence.pending()) return {};
-    return Status(waited.code(), with_backend(detail::message("stager ", what, ": the pending work of slot ", index,
-                                                              " could not be waited for: ", waited.message())));
+    if (Status settled = settle_with(index, slot.fence.wait(async(), stats_)); !settled) {
+        return Status(settled.code(), with_backend(detail::message("stager ", what, ": ", settled.message())));
+    }
+    return {};
 }
 
-// Settles slot `index` once its pending work is known complete (with `status`): frees what
-// waited for it, copies packed outputs to the callers, and hands the result to the
-// completions watching it (to the error sink when none does).
+// Settles slot `index` once its pending work is known complete (with `status`, the run's own
+// failure as far as the backend told): frees what waited for it, copies packed outputs to the
+// callers (after those of the runs finished before that share its settle order), and hands the
+// result to the completions watching it (to the error sink when none does). While the work is
+// not known complete nothing changes — what waits for it stays held, its outputs wait, its
+// completions stay pending — and the failure is returned; so it is while a run it follows is.
 template <Backend B, class Strategy>
-void Stager<B, Strategy>::settle_with(std::size_t index, Status status) noexcept {
+Status Stager<B, Strategy>::settle_with(std::size_t index, Status status) noexcept {
     Slot& slot = slots_[index];
     if (slot.fence.pending()) {
-        // Not known complete: what waits for it stays held; the outputs are not delivered.
-        slot.unpack = false;
-        resolve_settled(index, status);
-        return;
+        return Status(status.ok() ? Errc::backend_failure : status.code(),
+                      detail::message("the pending work of slot ", index, " could not be waited for",
+                                      status.ok() ? std::string() : ": " + status.message()));
     }
     for (void* allocation : slot.deferred) {
         ++stats_.device_frees;
@@ -91,23 +103,37 @@ void Stager<B, Strategy>::settle_with(std::size_t index, Status status) noexcept
         slot.carried_touches.clear();
         slot.carried_overflow = false;
     }
-    if (slot.has_settle_after) settle_predecessors(index);
-    if (slot.unpack && status.ok()) moves().unpack(slot);
+    if (slot.has_settle_after) {
+        if (Status before = settle_predecessors(index); !before) return before;
+    }
+    // Known complete, whatever the run's result: its direct copy-backs landed, so do the packed.
+    if (slot.unpack) moves().unpack(slot);
     slot.unpack = false;
     if (!slot.live) slot.uses_mirror = false;  // a live run's packed upload is not under the fence
     resolve_settled(index, status);
+    return {};
 }
 
 // Settles the runs in flight that slot `index`'s run must be settled after (packed outputs
-// in finish order). They completed before it: its stream waited for them.
+// in finish order). They completed before it: its stream waited for them. One that cannot be
+// settled keeps this slot unsettled too (its failure is returned).
 template <Backend B, class Strategy>
-void Stager<B, Strategy>::settle_predecessors(std::size_t index) noexcept {
+Status Stager<B, Strategy>::settle_predecessors(std::size_t index) noexcept {
     Slot& slot = slots_[index];
-    slot.has_settle_after = false;
     for (std::size_t other = 0; other < slots_.size(); ++other) {
-        const std::uint64_t generation = std::exchange(slot.settle_after[other], 0);
-        if (generation != 0 && slots_[other].settled < generation) settle(other);
+        const std::uint64_t generation = slot.settle_after[other];
+        if (generation == 0) continue;
+        if (slots_[other].settled < generation) {
+            if (Status settled = settle_fully(other, "settle"); !settled) {
+                return Status(settled.code(),
+                              detail::message("the packed outputs of slot ", index, " follow those of slot ", other,
+                                              ", which cannot be settled: ", settled.message()));
+            }
+        }
+        slot.settle_after[other] = 0;
     }
+    slot.has_settle_after = false;
+    return {};
 }
 
 // Hands `status` to the completions watching slot `index` (to the error sink when none does).
@@ -181,16 +207,19 @@ void Stager<B, Strategy>::relink_run(std::size_t slot, StagedRun* handle) noexce
 }
 
 template <Backend B, class Strategy>
-void Stager<B, Strategy>::settle_completion(Completion& completion) noexcept {
-    settle(completion_slot(completion));
+Status Stager<B, Strategy>::settle_completion(Completion& completion) noexcept {
+    return settle_fully(completion_slot(completion), "wait");
 }
 
 template <Backend B, class Strategy>
 Result<bool> Stager<B, Strategy>::poll_completion(Completion& completion) noexcept {
     const std::size_t index = completion_slot(completion);
     Result<bool> ready = slots_[index].fence.poll(async());
-    if (ready && *ready) settle_with(index, Status());
-    return ready;  // a failed query settles nothing: wait() then does
+    if (!ready || !*ready) return ready;  // a failed query settles nothing: wait() then does
+    if (Status settled = settle_with(index, Status()); !settled) {
+        return Status(settled.code(), with_backend(detail::message("completion ready: ", settled.message())));
+    }
+    return true;
 }
 
 template <Backend B, class Strategy>
@@ -232,8 +261,8 @@ Status Stager<B, Strategy>::release() noexcept {
     }
     for (std::size_t index = 0; index < slots_.size(); ++index) {
         Slot& slot = slots_[index];
-        if (slot.fence.pending()) continue;
-        if (kept && detail::mirror_of(slot.strategy) != nullptr) continue;  // pending work may read it
+        if (slot.fence.pending() || slot.settled < slot.generation) continue;  // not settled: still in use
+        if (kept && detail::mirror_of(slot.strategy) != nullptr) continue;     // pending work may read it
         Status freed = slot.strategy.release_retained(*backend_, stats_);
         if (first.ok()) first = std::move(freed);
         slot.drop_bookkeeping();  // the per-arg host bookkeeping goes too: the next bind sizes it again

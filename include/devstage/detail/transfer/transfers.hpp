@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "devstage/backend.hpp"
+#include "devstage/detail/schedule/immediate.hpp"
 #include "devstage/detail/stager/messages.hpp"
 #include "devstage/detail/stager/slot.hpp"
 #include "devstage/detail/util/message.hpp"
@@ -246,7 +247,7 @@ public:
         stats_.uploads += calls;
         stats_.packed_args += packed;
         stats_.mirror_copy_bytes += host_copied;
-        if constexpr (!immediate) stats_.async_uploads += calls;
+        if (!streams_immediate(async_)) stats_.async_uploads += calls;
         return status;
     }
 
@@ -302,7 +303,7 @@ private:
         if (status.ok()) stats_.uploads_skipped += slot.staged - calls;
         stats_.bytes_to_device += uploaded;
         stats_.uploads += calls;
-        if constexpr (!immediate) stats_.async_uploads += calls;
+        if (!streams_immediate(async_)) stats_.async_uploads += calls;
         return status;
     }
 
@@ -361,7 +362,7 @@ private:
         if (status.ok()) stats_.uploads_skipped += slot.staged - args;
         stats_.bytes_to_device += done.bytes;
         stats_.uploads += calls + done.calls;
-        if constexpr (!immediate) stats_.async_uploads += calls + done.calls;
+        if (!streams_immediate(async_)) stats_.async_uploads += calls + done.calls;
         return status;
     }
 
