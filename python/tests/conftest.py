@@ -85,6 +85,7 @@ class StreamedDevice(HostDevice):
         self.next_handle = 0x100
         self.fail_copy_at = None  # fail the k-th async copy when it runs (a sticky stream failure)
         self.async_copies = 0
+        self.failing_waits = 0    # the next this many synchronize_event calls fail, waiting for nothing
 
     def _handle(self):
         with self.lock:
@@ -162,6 +163,9 @@ class StreamedDevice(HostDevice):
         return self._complete(event)
 
     def synchronize_event(self, event):
+        if self.failing_waits:
+            self.failing_waits -= 1
+            return -11
         mark = self.events[event]
         if mark is None:
             return 0
@@ -191,13 +195,13 @@ class StreamedDevice(HostDevice):
     def launch_host_function(self, stream, run):
         self._enqueue(stream, run)
 
-    def backend(self):
+    def backend(self, synchronize=True):
         return devstage.Backend.from_callbacks(
             name="python-streams", dlpack_device=(1, 0), create_stream=self.create_stream,
             destroy_stream=self.destroy_stream, copy_to_device_async=self.copy_async,
             copy_from_device_async=self.copy_async, create_event=self.create_event, destroy_event=self.destroy_event,
             record_event=self.record_event, event_ready=self.event_ready, synchronize_event=self.synchronize_event,
-            stream_wait_event=self.stream_wait_event, synchronize=self.synchronize,
+            stream_wait_event=self.stream_wait_event, synchronize=self.synchronize if synchronize else None,
             launch_host_function=self.launch_host_function, **self.callbacks())
 
 

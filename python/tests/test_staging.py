@@ -184,3 +184,66 @@ def test_ctypes_function_pointers_get_the_context(host_device):
     stager.finish(stager.bind([devstage.InOut(data)]))
     assert seen and all(context == 0x1234 for context in seen)
     assert (data == np.arange(100, dtype=np.uint8)).all()
+
+
+def test_a_failed_wait_keeps_the_run_pending_until_a_wait_succeeds(streamed_device):
+    """A wait that fails while the run's work may still run: the completion stays pending, close()
+    refuses and keeps the run's memory, and a later wait delivers the outputs."""
+    np = numpy_or_skip()
+    backend = streamed_device.backend(synchronize=False)  # no device-wide wait to recover with
+    stager = devstage.Stager(backend, pack_limit=4096, pipeline_slots=2)
+    stream = backend.create_stream()
+    source = np.arange(3000, dtype=np.int32)
+    out = np.zeros(3000, np.int32)
+    packed = np.zeros(16, np.int32)
+    run = stager.bind([devstage.In(source), devstage.Out(out), devstage.Out(packed)], stream=stream)
+    views = [t.numpy() for t in run.device_args]
+    backend.launch_host_function(stream, lambda views=views: (views[1].__setitem__(slice(None), views[0]),
+                                                              views[2].fill(7)))
+    del views
+    done = stager.finish(run, stream=stream)
+    streamed_device.failing_waits = 2
+    with pytest.raises(devstage.BackendFailure, match="returned -11"):
+        done.wait()
+    assert done.pending
+    with pytest.raises(devstage.BackendFailure):
+        done.close()  # refused: the run's memory is still devstage's
+    assert done.pending
+    done.wait()  # the device answers again: the outputs are delivered, packed ones included
+    assert not done.pending
+    assert (out == source).all() and (packed == 7).all()
+    done.close()
+    stream.close()
+
+
+def test_abandon_lets_go_of_a_run_no_wait_recovers(streamed_device):
+    np = numpy_or_skip()
+    backend = streamed_device.backend(synchronize=False)
+    stager = devstage.Stager(backend)
+    stream = backend.create_stream()
+    run = stager.bind([devstage.Out(np.zeros(64, np.uint8))], stream=stream)
+    done = stager.finish(run, stream=stream)
+    streamed_device.failing_waits = 1000
+    with pytest.raises(devstage.BackendFailure):
+        done.wait()
+    stager.abandon()
+    with pytest.raises(devstage.BackendFailure, match="abandon"):
+        done.wait()
+    done.close()
+    streamed_device.failing_waits = 0
+    stager.finish(stager.bind([devstage.In(b"again")]))
+    stream.close()
+
+
+def test_a_backend_without_streams_reports_no_asynchronous_work(host_device):
+    np = numpy_or_skip()
+    backend = host_device.backend()
+    stager = devstage.Stager(backend, pipeline_slots=2)
+    stream = backend.create_stream()
+    out = np.zeros(100, np.uint8)
+    for _ in range(3):
+        run = stager.bind([devstage.In(np.ones(100, np.uint8)), devstage.Out(out)], stream=stream)
+        stager.finish(run, stream=stream).close()
+    stats = stager.stats
+    assert stats["uploads"] == 3 and stats["async_uploads"] == 0 and stats["host_waits"] == 0
+    stream.close()
