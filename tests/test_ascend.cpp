@@ -743,3 +743,40 @@ int main(int argc, char** argv) {
     session.configData().testsOrTags.emplace_back("~[stale-handle]");
     return session.run();
 }
+
+TEST_CASE("ascend: a stream of device 1 given to a stager of device 0 is refused, naming both devices",
+          "[ascend][async][devices]") {
+    auto zero = AscendBackend::create(0);
+    auto one = AscendBackend::create(1);
+    REQUIRE(zero.ok());
+    REQUIRE(one.ok());
+    auto theirs = one->create_stream();
+    auto own = zero->create_stream();
+    REQUIRE(theirs.ok());
+    REQUIRE(own.ok());
+    const Status refused = zero->check_stream(*theirs);
+    CHECK(refused.code() == Errc::invalid_argument);
+    CHECK_THAT(refused.message(), Catch::Contains("ascend device 0") && Catch::Contains("belongs to ascend device 1"));
+    CHECK(zero->check_stream(*own).ok());
+    CHECK(one->check_stream(*theirs).ok());
+
+    Stager<AscendBackend> stager(*zero);
+    std::vector<std::byte> in(2048, std::byte{3}), out(1024);
+    const std::vector<TensorArg> args = {{in.data(), in.size(), Direction::In},
+                                         {out.data(), out.size(), Direction::Out}};
+    auto empty = stager.bind(std::span<const TensorArg>{}, *theirs);
+    REQUIRE_FALSE(empty.ok());
+    CHECK_THAT(empty.status().message(), Catch::Contains("stager bind") && Catch::Contains("ascend device 1"));
+    auto run = stager.bind(args, *own);
+    REQUIRE(run.ok());
+    auto misfinished = stager.finish(std::move(*run), *theirs);
+    REQUIRE_FALSE(misfinished.ok());
+    CHECK(run->live());
+    auto done = stager.finish(std::move(*run), *own);
+    REQUIRE(done.ok());
+    CHECK(done->wait().ok());
+    REQUIRE(stager.release().ok());
+    CHECK(one->destroy_stream(*theirs).ok());
+    CHECK(zero->check_stream(*theirs).ok());  // destroyed: no longer known, not checked
+    CHECK(zero->destroy_stream(*own).ok());
+}

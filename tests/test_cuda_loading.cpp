@@ -767,3 +767,52 @@ int main(int argc, char** argv) {
     session.configData().testsOrTags.emplace_back("~[stale-handle]");
     return session.run();
 }
+
+TEST_CASE("cuda: a stream of device 1 given to a stager of device 0 is refused, naming both devices",
+          "[cuda][async][devices]") {
+    CudaBackend zero = make_on_shim(0), one = make_on_shim(1);
+    auto theirs = one.create_stream();
+    auto own = zero.create_stream();
+    REQUIRE(theirs.ok());
+    REQUIRE(own.ok());
+    const Status refused = zero.check_stream(*theirs);
+    CHECK(refused.code() == Errc::invalid_argument);
+    CHECK_THAT(refused.message(), Catch::Contains("cuda device 0") && Catch::Contains("belongs to cuda device 1"));
+    CHECK(zero.check_stream(*own).ok());
+    CHECK(zero.check_stream(CudaBackend::Stream{}).ok());  // the default stream: the current device's
+
+    Stager<CudaBackend> stager(zero);
+    std::vector<std::byte> in = test::pattern(2048, 4), out(1024);
+    const std::vector<TensorArg> args = {{in.data(), in.size(), Direction::In},
+                                         {out.data(), out.size(), Direction::Out}};
+    auto empty = stager.bind(std::span<const TensorArg>{}, *theirs);  // enqueues nothing, still checked
+    REQUIRE_FALSE(empty.ok());
+    CHECK_THAT(empty.status().message(), Catch::Contains("stager bind") && Catch::Contains("cuda device 1"));
+    auto wrong = stager.bind(args, *theirs);
+    REQUIRE_FALSE(wrong.ok());
+    CHECK(stager.stats().runs == 0);
+    auto run = stager.bind(args, *own);
+    REQUIRE(run.ok());
+    auto misfinished = stager.finish(std::move(*run), *theirs);
+    REQUIRE_FALSE(misfinished.ok());
+    CHECK(run->live());  // left as it was
+    auto done = stager.finish(std::move(*run), *own);
+    REQUIRE(done.ok());
+    CHECK(done->wait().ok());
+    REQUIRE(stager.release().ok());
+    CHECK(one.destroy_stream(*theirs).ok());
+    CHECK(zero.destroy_stream(*own).ok());
+}
+
+TEST_CASE("cuda: without cudaStreamGetDevice (before CUDA 12.8) a stream is not checked", "[cuda][devices]") {
+    const char* older = std::getenv("DEVSTAGE_CUDA_SHIM_NO_DRIVER_LIBRARY");  // no 12.8 calls
+    REQUIRE(older != nullptr);
+    auto zero = CudaBackend::create(0, older);
+    auto one = CudaBackend::create(1, older);
+    REQUIRE(zero.ok());
+    REQUIRE(one.ok());
+    auto theirs = one->create_stream();
+    REQUIRE(theirs.ok());
+    CHECK(zero->check_stream(*theirs).ok());
+    CHECK(one->destroy_stream(*theirs).ok());
+}

@@ -392,6 +392,18 @@ concept ImmediateStreamsQuery = AsyncBackend<B> && requires(const B& cb) {
     noexcept->std::convertible_to<bool>;
 };
 
+/// Optional: `b.check_stream(s)` noexcept -> Status: ok when `s` is a stream this backend's
+/// device may use; invalid_argument saying why not otherwise (a stream of another device, or of
+/// another simulated host). The Stager checks the stream of every bind, finish and
+/// order_after_uploads with it before anything is enqueued, so a foreign stream is refused even
+/// where a call would enqueue nothing (or where the runtime would run the work on another
+/// device).
+template <class B>
+concept StreamCheckBackend = AsyncBackend<B> && requires(B& b, typename B::Stream s) {
+    { b.check_stream(s) }
+    noexcept->std::same_as<Status>;
+};
+
 }  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

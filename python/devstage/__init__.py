@@ -18,6 +18,7 @@ See docs/python.md.
 """
 from .args import IN, IN_OUT, OUT, Arg, Device, In, InOut, Out, TensorShape
 from .backend import Backend, Event, Stream
+from .devices import backends, stagers
 from .errors import (BackendFailure, Busy, Error, HostFunctionError, InvalidArgument, Leaked, LibraryNotFound,
                      NotSupported, OutOfMemory, UnknownPointer)
 from .frames import Frame, HostView
@@ -27,9 +28,10 @@ from .staging import Completion, DeviceTensor, Run, Stager
 __version__ = "0.1.0"
 
 
-def sim(device_capacity=0):
-    """The simulator (Backend.simulator)."""
-    return Backend.simulator(device_capacity)
+def sim(device_capacity=0, device=0, host_of=None):
+    """The simulator (Backend.simulator): device `device`, of its own simulated host or of
+    host_of's."""
+    return Backend.simulator(device_capacity, device, host_of)
 
 
 def cuda(device=0, library_path=None):
@@ -51,5 +53,5 @@ __all__ = [
     "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame", "HostFunctionError", "HostView",
     "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Leaked", "LibraryNotFound", "NotSupported", "OUT", "Out",
     "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run", "Stager", "Stream", "TensorShape", "UnknownPointer",
-    "ascend", "callbacks", "cuda", "sim",
+    "ascend", "backends", "callbacks", "cuda", "sim", "stagers",
 ]

@@ -104,6 +104,7 @@ _PROTOTYPES = {
     "devstage_last_message": (c_char_p, []),
     "devstage_status_name": (c_char_p, [c_int]),
     "devstage_backend_create_sim": (_S, [c_size_t, POINTER(handle_p)]),
+    "devstage_backend_create_sim_device": (_S, [c_int, c_size_t, handle_p, POINTER(handle_p)]),
     "devstage_backend_create_cuda": (_S, [c_int, c_char_p, POINTER(handle_p)]),
     "devstage_backend_create_ascend": (_S, [c_int, c_char_p, POINTER(handle_p)]),
     "devstage_backend_create_callbacks": (_S, [POINTER(Callbacks), POINTER(handle_p)]),

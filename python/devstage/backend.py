@@ -58,12 +58,17 @@ class Backend:
     # ---- making one ------------------------------------------------------------------------
 
     @classmethod
-    def simulator(cls, device_capacity=0):
+    def simulator(cls, device_capacity=0, device=0, host_of=None):
         """devstage's simulator: device memory emulated in host memory (kDLCPU through DLPack),
         page-locked pinned memory, real streams (a worker thread each). device_capacity: bytes it
-        may hand out (0: 64 GiB)."""
+        may hand out (0: 64 GiB). device: its number. host_of: None for a simulated host of its
+        own, or a simulator Backend whose host this device joins (pinned memory of any device of
+        a host is pinned for all of them; streams stay their device's)."""
         handle = c_void_p()
-        check(lib.devstage_backend_create_sim(device_capacity, byref(handle)))
+        if host_of is not None and not isinstance(host_of, Backend):
+            raise TypeError(f"devstage Backend.simulator: host_of is a {type(host_of).__name__}, not a Backend")
+        peer = host_of._handle if host_of is not None else None  # pylint: disable=protected-access
+        check(lib.devstage_backend_create_sim_device(device, device_capacity, peer, byref(handle)))
         return cls(handle)
 
     @classmethod

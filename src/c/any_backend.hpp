@@ -15,6 +15,10 @@
 #include "devstage/c/devstage.h"
 #include "devstage/status.hpp"
 
+namespace devstage {
+class SimHost;
+}  // namespace devstage
+
 namespace devstage::capi {
 
 /// A Backend, PinnedHostBackend and AsyncBackend whose operations are virtual. Streams and
@@ -46,9 +50,11 @@ public:
     virtual bool has_streams() const noexcept = 0;
     /// ImmediateStreamsQuery: without real streams every enqueued copy is done at the call.
     bool streams_immediate() const noexcept { return !has_streams(); }
-    /// A DEVSTAGE_BACKEND_* value, and the runtime's device id (0 for the simulator and callbacks).
+    /// A DEVSTAGE_BACKEND_* value, and the device id (0 for callbacks).
     virtual int kind() const noexcept = 0;
     virtual int device() const noexcept { return 0; }
+    /// The simulated host a simulator device belongs to; null for every other backend.
+    virtual const SimHost* sim_host() const noexcept { return nullptr; }
     /// This backend's number among those the process made (from 1), for messages.
     std::uint64_t number() const noexcept { return number_; }
 
@@ -86,6 +92,9 @@ public:
     /// devstage never destroys it. not_supported where there is no default stream; a native
     /// value the backend can tell is not one of its streams is invalid_argument.
     virtual Result<Stream> adopt_stream(void* native) noexcept = 0;
+    /// StreamCheckBackend: whether this backend's device may use `stream` (ok unless the backend
+    /// can tell it is another device's).
+    virtual Status check_stream(Stream /*stream*/) noexcept { return {}; }
     /// Enqueues `function(user)` on `stream` (HostFunctionBackend); not_supported without.
     virtual Status launch_host_function(Stream stream, HostFunction function, void* user) noexcept = 0;
     /// Pins existing host memory in place (HostRegisterBackend); not_supported without.
@@ -114,6 +123,7 @@ static_assert(AsyncMemsetBackend<AnyBackend>);
 static_assert(SynchronizingBackend<AnyBackend>);
 static_assert(BatchCopyBackend<AnyBackend>);
 static_assert(ImmediateStreamsQuery<AnyBackend>);
+static_assert(StreamCheckBackend<AnyBackend>);
 
 /// Shared by the C handles made from a backend: the last owner closes it (a leak report goes to
 /// stderr then) and destroys it.
@@ -130,7 +140,8 @@ inline BackendPtr share(AnyBackend* backend) {
 
 /// The backends a C caller can choose at run time. They throw std::bad_alloc when host memory
 /// runs out (the C entry points turn it into DEVSTAGE_OUT_OF_MEMORY).
-Result<BackendPtr> make_sim_backend(std::size_t device_capacity);
+/// Device `device` of `host` (null: a host of its own).
+Result<BackendPtr> make_sim_backend(int device, std::size_t device_capacity, const SimHost* host);
 Result<BackendPtr> make_cuda_backend(int device, const char* library_path);
 Result<BackendPtr> make_ascend_backend(int device, const char* library_path);
 Result<BackendPtr> make_callback_backend(const devstage_callbacks& callbacks);

@@ -99,7 +99,34 @@ devstage_status devstage_backend_create_sim(size_t device_capacity, devstage_bac
     return guarded("devstage_backend_create_sim", [&] {
         if (out == nullptr) return null_argument("devstage_backend_create_sim", "out");
         *out = nullptr;
-        return made("devstage_backend_create_sim", make_sim_backend(device_capacity), out);
+        return made("devstage_backend_create_sim", make_sim_backend(0, device_capacity, nullptr), out);
+    });
+}
+
+devstage_status devstage_backend_create_sim_device(int device, size_t device_capacity, const devstage_backend* host_of,
+                                                   devstage_backend** out) {
+    constexpr const char* function = "devstage_backend_create_sim_device";
+    return guarded(function, [&] {
+        if (out == nullptr) return null_argument(function, "out");
+        *out = nullptr;
+        if (device < 0) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message(function, ": device ", device, " (a device is >= 0)")));
+        }
+        const devstage::SimHost* host = nullptr;
+        if (host_of != nullptr) {
+            BackendState* peer = find<BackendState>(host_of);
+            if (peer == nullptr) return bad_handle<BackendState>(function, host_of);
+            host = peer->backend->sim_host();
+            if (host == nullptr) {
+                return report(Status(Errc::invalid_argument,
+                                     devstage::detail::message(function, ": host_of is backend '",
+                                                               peer->backend->name(), "' #", peer->backend->number(),
+                                                               ", not a simulator: only simulated devices share a "
+                                                               "simulated host")));
+            }
+        }
+        return made(function, make_sim_backend(device, device_capacity, host), out);
     });
 }
 

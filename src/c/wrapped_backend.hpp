@@ -60,6 +60,14 @@ public:
         }
     }
 
+    const SimHost* sim_host() const noexcept override {
+        if constexpr (requires(const B& b) { b.host(); }) {
+            return &backend_.host();
+        } else {
+            return nullptr;
+        }
+    }
+
     Result<void*> device_malloc(std::size_t bytes) noexcept override { return backend_.device_malloc(bytes); }
     Status device_free(void* pointer) noexcept override { return backend_.device_free(pointer); }
     Status copy_to_device(void* dst, const void* src, std::size_t bytes) noexcept override {
@@ -127,6 +135,13 @@ public:
 
     // A backend that can tell its streams (the simulator) checks a native value and has no
     // default stream; the runtimes take any value, null being their default stream.
+    Status check_stream(Stream stream) noexcept override {
+        if constexpr (StreamCheckBackend<B>) {
+            return backend_.check_stream(native(stream));
+        } else {
+            return {};
+        }
+    }
     Result<Stream> adopt_stream(void* native_stream) noexcept override {
         if constexpr (requires(B & b, S s) { b.has_stream(s); }) {
             if (native_stream == nullptr) {

@@ -192,6 +192,16 @@ std::vector<Row> rows() {
     // ---- backends
     add("devstage_backend_create_sim", "NULL out", bad, "out is NULL",
         [](World&) { return devstage_backend_create_sim(0, nullptr); });
+    add("devstage_backend_create_sim_device", "NULL out", bad, "out is NULL",
+        [](World& w) { return devstage_backend_create_sim_device(1, 0, w.backend, nullptr); });
+    add(
+        "devstage_backend_create_sim_device", "a negative device", bad, "device -1",
+        [](World&) { return devstage_backend_create_sim_device(-1, 0, nullptr, &outs.backend); },
+        [](World&) { return outs.backend == nullptr; });
+    add(
+        "devstage_backend_create_sim_device", "a destroyed host_of", bad, "was destroyed",
+        [](World& w) { return devstage_backend_create_sim_device(1, 0, w.dead_backend, &outs.backend); },
+        [](World&) { return outs.backend == nullptr; });
     add("devstage_backend_create_cuda", "NULL out", bad, "out is NULL",
         [](World&) { return devstage_backend_create_cuda(0, nullptr, nullptr); });
     add(

@@ -505,6 +505,24 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     streams.erase(found);
     return cudaSuccess;
 }
+#ifndef CUDA_SHIM_NO_BATCH  // a runtime before 12.8 has neither
+// As since CUDA 12.8: the device a stream was created on (the default streams: the current one).
+cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaStreamGetDevice", code)) return code;
+    if (device == nullptr) return cudaErrorInvalidValue;
+    if (reinterpret_cast<std::uintptr_t>(stream) <= 2) {
+        *device = current_device;
+        return cudaSuccess;
+    }
+    const auto found = streams.find(stream);
+    if (found == streams.end()) return cudaErrorInvalidResourceHandle;
+    *device = found->second->device;
+    return cudaSuccess;
+}
+#endif
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t count, int kind, cudaStream_t stream) {
     if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);

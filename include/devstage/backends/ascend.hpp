@@ -25,6 +25,7 @@
 #include "devstage/backends/detail/acl_events.hpp"
 #include "devstage/backends/detail/dynamic_library.hpp"
 #include "devstage/backends/detail/runtime_call.hpp"
+#include "devstage/backends/detail/stream_owners.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
@@ -152,14 +153,19 @@ public:
     Result<Stream> create_stream() noexcept {
         Stream stream;
         if (Status s = call("aclrtCreateStream", api_.create_stream, 0, &stream.handle); !s) return s;
+        Owners::enroll(stream.handle, device_);
         return stream;
     }
+    /// Ok unless `stream` was created by the backend of another device (ACL cannot be asked
+    /// about a stream it created for the engine: such a stream passes).
+    Status check_stream(Stream stream) noexcept { return Owners::check(name(), stream.handle, device_); }
     /// aclrtSynchronizeStream, then aclrtDestroyStream (ACL requires the stream's work to be
     /// complete first): the host blocks until the stream drained. The stream is destroyed even
     /// when its work failed; the first error is returned.
     Status destroy_stream(Stream stream) noexcept {
         Status drained = call("aclrtSynchronizeStream", api_.synchronize_stream, 0, stream.handle);
         Status destroyed = call("aclrtDestroyStream", api_.destroy_stream, 0, stream.handle);
+        if (destroyed) Owners::withdraw(stream.handle);
         return !drained.ok() ? drained : destroyed;
     }
     /// aclrtMemcpyAsync(dst, n, src, n, HOST_TO_DEVICE, stream); zero bytes are not sent.
@@ -328,6 +334,8 @@ public:
     }
 
 private:
+    struct OwnersTag {};
+    using Owners = detail::StreamOwners<OwnersTag>;
     AscendBackend() = default;
 
     Status resolve() noexcept { return detail::resolve_acl_runtime(library_, api_, errors_); }
@@ -431,6 +439,7 @@ static_assert(AsyncBackend<AscendBackend>);
 static_assert(VirtualMemoryBackend<AscendBackend>);
 static_assert(BatchCopyBackend<AscendBackend>);
 static_assert(MappedHostBackend<AscendBackend>);
+static_assert(StreamCheckBackend<AscendBackend>);
 
 }  // namespace devstage
 

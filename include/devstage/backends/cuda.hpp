@@ -21,6 +21,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/backends/cuda_abi.hpp"
 #include "devstage/backends/detail/cuda_host_register.hpp"
+#include "devstage/backends/detail/cuda_stream_check.hpp"
 #include "devstage/backends/detail/cuda_vmm.hpp"
 #include "devstage/backends/detail/dynamic_library.hpp"
 #include "devstage/backends/detail/runtime_call.hpp"
@@ -68,6 +69,7 @@ public:
         if (Status resolved = backend.resolve(); !resolved) return resolved;
         detail::resolve_cuda_batch(backend.library_, backend.batch_);
         backend.host_memory_.resolve(backend.library_);
+        backend.stream_check_.resolve(backend.library_);
         int count = 0;
         if (Status s = detail::checked_call(backend.errors_, backend.site(), "cudaGetDeviceCount", 0,
                                             backend.api_.get_device_count, &count);
@@ -91,6 +93,7 @@ public:
           errors_(other.errors_),
           batch_(other.batch_),
           host_memory_(other.host_memory_),
+          stream_check_(other.stream_check_),
           mapped_(other.mapped_),
           maps_(other.maps_),
           device_(other.device_),
@@ -217,6 +220,10 @@ public:
     Status launch_host_func(Stream stream, HostFunction function, void* user_data) noexcept {
         return call("cudaLaunchHostFunc", api_.launch_host_func, 0, stream.handle, function, user_data);
     }
+
+    /// Ok when `stream` is this device's, by cudaStreamGetDevice where the runtime has it (the
+    /// default streams always are): another device's stream is invalid_argument naming both.
+    Status check_stream(Stream stream) noexcept { return stream_check_.check(errors_, site(), stream.handle, device_); }
 
     /// cudaHostRegister(host, bytes, cudaHostRegisterPortable): pins existing host memory in
     /// place, for every device. Registered already or overlapping: invalid_argument.
@@ -388,6 +395,7 @@ private:
     detail::CudaRuntimeErrors errors_;
     detail::CudaBatchApi batch_;
     detail::CudaHostRegisterApi host_memory_;
+    detail::CudaStreamCheckApi stream_check_;
     detail::CudaMappedApi mapped_;
     bool maps_ = false;
     int device_ = 0;
@@ -406,6 +414,7 @@ static_assert(PinnedQueryBackend<CudaBackend>);
 static_assert(BatchCopyBackend<CudaBackend>);
 static_assert(HostRegisterBackend<CudaBackend>);
 static_assert(MappedHostBackend<CudaBackend>);
+static_assert(StreamCheckBackend<CudaBackend>);
 
 }  // namespace devstage
 

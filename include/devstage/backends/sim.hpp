@@ -34,6 +34,7 @@
 #include "devstage/backends/detail/sim_streams.hpp"
 #include "devstage/backends/detail/sim_vmm.hpp"
 #include "devstage/backends/sim_config.hpp"
+#include "devstage/backends/sim_host.hpp"
 #include "devstage/backends/sim_link.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
@@ -64,9 +65,12 @@ public:
         friend bool operator==(Event, Event) = default;
     };
 
-    SimBackend() noexcept : SimBackend(SimConfig{}) {}
-    explicit SimBackend(SimConfig config) noexcept
-        : config_(config), bounce_(std::max<std::size_t>(config.bounce_buffer_bytes, 4096)) {
+    SimBackend() : SimBackend(SimConfig{}) {}
+    /// A device with a host of its own.
+    explicit SimBackend(SimConfig config) : SimBackend(config, SimHost{}) {}
+    /// Device `config.device` of `host`, sharing its pinned memory with the host's other devices.
+    SimBackend(SimConfig config, SimHost host) noexcept
+        : config_(config), host_(std::move(host)), bounce_(std::max<std::size_t>(config.bounce_buffer_bytes, 4096)) {
         config_.bounce_buffer_bytes = bounce_.size();
     }
     SimBackend(const SimBackend&) = delete;
@@ -75,6 +79,10 @@ public:
     ~SimBackend() { streams_.shutdown(); }
 
     std::string_view name() const noexcept { return "sim"; }
+    /// SimConfig::device.
+    int device_id() const noexcept { return config_.device; }
+    /// The simulated host this device shares (sim_host.hpp).
+    const SimHost& host() const noexcept { return host_; }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
@@ -261,7 +269,7 @@ public:
     /// (RLIMIT_MEMLOCK) the allocation still succeeds, unlocked; pinned_locked() tells.
     Result<void*> pinned_malloc(std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
-        return memory_.pinned_malloc(bytes);
+        return host_.state_->pinned_malloc(bytes, config_.lock_pinned, stats_);
     }
 
     /// Waits until every stream is idle, then frees (memory still mapped: invalid_argument).
@@ -269,7 +277,7 @@ public:
         if (on_worker()) return refuse("pinned_free");
         auto lock = lock_idle();
         if (Status mapped = still_mapped(pointer); !mapped) return mapped;
-        return memory_.pinned_free(pointer);
+        return host_.state_->pinned_free(pointer, stats_);
     }
 
     // ---- virtual memory: in-place growth -------------------------------------------------
@@ -321,21 +329,26 @@ public:
     Status host_unregister(void* host) noexcept;
     /// True when `stream` is a live stream of this backend.
     bool has_stream(Stream stream) noexcept;
+    /// Ok for a live stream of this backend; invalid_argument otherwise, naming the device a
+    /// stream of another device of the same SimHost belongs to.
+    Status check_stream(Stream stream) noexcept;
 
     /// True when `pointer` lies in one of this backend's pinned allocations or registered ranges.
     bool is_pinned(const void* pointer) const noexcept {
         std::lock_guard lock(mutex_);
-        return memory_.pinned_contains(pointer, 1);
+        return host_.state_->pinned_contains(pointer, 1);
     }
     /// True when `pointer` lies in a pinned allocation that is really page-locked.
     bool pinned_locked(const void* pointer) const noexcept {
         std::lock_guard lock(mutex_);
-        return memory_.pinned_locked(pointer);
+        return host_.state_->pinned_locked(pointer);
     }
 
     SimStats stats() const noexcept {
         std::lock_guard lock(mutex_);
-        return stats_;
+        SimStats stats = stats_;
+        stats.live_pinned_bytes = host_.state_->live_pinned_bytes();
+        return stats;
     }
     const SimConfig& config() const noexcept { return config_; }
 
@@ -360,61 +373,15 @@ private:
         return Status(code, std::move(message));
     }
 
-    // mutex_ held. Checks a copy between `host` and `device` (the two sides of dst and src).
-    Status check_copy(const void* host, const void* device, std::size_t bytes, std::string_view what) noexcept {
-        if (!is_device(device, bytes)) {
-            return fail(Errc::invalid_argument,
-                        detail::message("sim ", what, ": ", bytes, " bytes at device address ", device,
-                                        " are not inside one device allocation",
-                                        mapped_.overlaps(device, bytes) ? " (they are mapped host memory)" : ""));
-        }
-        if (host == nullptr) return fail(Errc::invalid_argument, detail::message("sim ", what, ": null host pointer"));
-        return {};
-    }
-
-    // mutex_ held. Counts a copy that will happen, and its modeled cost (without the per-call
-    // latency for a batch's copies after its first).
-    void account(bool to_device, bool pinned, std::size_t bytes, bool call = true) noexcept {
-        ++(to_device ? stats_.copies_to_device : stats_.copies_from_device);
-        (to_device ? stats_.bytes_to_device : stats_.bytes_from_device) += bytes;
-        (pinned ? stats_.direct_bytes : stats_.bounced_bytes) += bytes;
-        const SimLinkModel& link = config_.link;
-        const SimLinkCost& cost = to_device ? (pinned ? link.to_device_pinned : link.to_device_pageable)
-                                            : (pinned ? link.from_device_pinned : link.from_device_pageable);
-        add_modeled(call ? cost.nanoseconds(bytes) : cost.nanoseconds(bytes) - cost.latency_ns);
-    }
-    void add_modeled(std::uint64_t ns) noexcept {
-        stats_.modeled_ns = ns > std::numeric_limits<std::uint64_t>::max() - stats_.modeled_ns
-                                ? std::numeric_limits<std::uint64_t>::max()
-                                : stats_.modeled_ns + ns;
-    }
-
-    // mutex_ held. Pageable memory goes through the bounce buffer, mapped at the first such copy.
-    Status ensure_bounce(std::string_view what) noexcept {
-        if (bounce_.map()) return {};
-        return fail(Errc::out_of_memory,
-                    detail::message("sim ", what, ": bounce buffer of ", bounce_.size(), " bytes unavailable"));
-    }
-
+    // The synchronous copies, their checks and their accounting in the link model
+    // (backends/detail/sim_copies.hpp). mutex_ held for check_copy, account and add_modeled.
+    Status check_copy(const void* host, const void* device, std::size_t bytes, std::string_view what) noexcept;
+    void account(bool to_device, bool pinned, std::size_t bytes, bool call = true) noexcept;
+    void add_modeled(std::uint64_t ns) noexcept;
+    Status ensure_bounce(std::string_view what) noexcept;
     // `host` is the host side of the copy, `device` the device side.
     Status copy(void* dst, const void* src, std::size_t bytes, const void* host, const void* device,
-                std::string_view what) noexcept {
-        std::unique_lock lock(mutex_);
-        if (bytes == 0) return {};
-        if (Status checked = check_copy(host, device, bytes, what); !checked) return checked;
-        const bool pinned = memory_.pinned_contains(host, bytes);
-        if (!pinned) {
-            if (Status bounce = ensure_bounce(what); !bounce) return bounce;
-        }
-        account(device == dst, pinned, bytes);
-        lock.unlock();
-        if (pinned) {
-            std::memcpy(dst, src, bytes);
-        } else {
-            bounce_.copy(dst, src, bytes);
-        }
-        return {};
-    }
+                std::string_view what) noexcept;
 
     // The asynchronous copies and batches, checked, counted and enqueued on the stream's worker
     // (backends/detail/sim_async_copies.hpp).
@@ -428,13 +395,14 @@ private:
     // Lock order: mutex_, then the streams' queue lock; a worker takes only the queue lock, and
     // runs its tasks with no lock held.
     SimConfig config_;
+    SimHost host_;              // its pinned memory, and where streams and events are registered
     mutable std::mutex mutex_;  // allocations, counters, the bounce buffer's address
     SimStats stats_;
     detail::SimBounceBuffer bounce_;
     detail::SimMemory memory_{config_, stats_};
     detail::SimVirtualMemory vmm_{config_, stats_};
     detail::AddressMap<char> mapped_;  // map_host's mappings
-    detail::SimStreams streams_{bounce_, stats_};
+    detail::SimStreams streams_{bounce_, stats_, *host_.state_, config_.device};
 };
 
 static_assert(Backend<SimBackend>);
@@ -450,10 +418,12 @@ static_assert(PinnedQueryBackend<SimBackend>);
 static_assert(HostRegisterBackend<SimBackend>);
 static_assert(MappedHostBackend<SimBackend>);
 static_assert(KernelAccessBackend<SimBackend>);
+static_assert(StreamCheckBackend<SimBackend>);
 
 }  // namespace devstage
 
 #include "devstage/backends/detail/sim_async_copies.hpp"  // IWYU pragma: export
+#include "devstage/backends/detail/sim_copies.hpp"        // IWYU pragma: export
 #include "devstage/backends/detail/sim_host_memory.hpp"   // IWYU pragma: export
 #include "devstage/backends/detail/sim_mapped.hpp"        // IWYU pragma: export
 

@@ -16,6 +16,9 @@ namespace devstage {
 
 /// Construction options of a SimBackend. `SimBackend sim(SimConfig{.device_capacity = 1 << 20});`
 struct SimConfig {
+    /// The device number: in messages, device_id(), and the owner of the backend's streams and
+    /// events on its SimHost (sim_host.hpp).
+    int device = 0;
     std::size_t device_capacity = std::size_t{64} << 30;     ///< bytes device_malloc may hand out
     std::size_t bounce_buffer_bytes = std::size_t{2} << 20;  ///< chunk size of pageable copies
     bool lock_pinned = true;  ///< mlock pinned allocations (refusal is tolerated and reported)
@@ -30,6 +33,8 @@ struct SimStats {
     std::uint64_t device_mallocs = 0, device_frees = 0;
     std::uint64_t pinned_mallocs = 0, pinned_frees = 0;
     std::uint64_t pinned_lock_failures = 0;  ///< pinned allocations left unlocked (mlock refused)
+    /// Device allocations are this device's; live_pinned_bytes is the whole SimHost's (pinned
+    /// memory any of its devices allocated); the other counters count this device's calls.
     /// Copies each way, synchronous and asynchronous; bytes each way.
     std::uint64_t copies_to_device = 0, copies_from_device = 0, memsets = 0, synchronizes = 0;
     std::uint64_t bytes_to_device = 0, bytes_from_device = 0;

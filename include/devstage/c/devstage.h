@@ -86,6 +86,14 @@ typedef void (*devstage_host_function)(void* user);
  * thread per stream. device_capacity: bytes device_malloc may hand out (0: 64 GiB). */
 DEVSTAGE_C_API devstage_status devstage_backend_create_sim(size_t device_capacity, devstage_backend** out);
 
+/* Simulated device `device` (>= 0). host_of NULL: a host of its own; else a simulator backend
+ * whose simulated host the new device joins, as the accelerators of one server share its host
+ * memory: pinned memory of any device of the host is pinned for all of them. A stream or event
+ * stays its own backend's. devstage_backend_create_sim is device 0 of a host of its own. */
+DEVSTAGE_C_API devstage_status devstage_backend_create_sim_device(int device, size_t device_capacity,
+                                                                  const devstage_backend* host_of,
+                                                                  devstage_backend** out);
+
 /* CUDA device `device` through libcudart, loaded at run time (library_path NULL: as
  * CudaBackend::create looks for it). DEVSTAGE_LIBRARY_NOT_FOUND when it cannot be loaded. */
 DEVSTAGE_C_API devstage_status devstage_backend_create_cuda(int device, const char* library_path,
@@ -172,8 +180,8 @@ typedef struct devstage_backend_info {
 
 DEVSTAGE_C_API devstage_status devstage_backend_get_info(const devstage_backend* backend, devstage_backend_info* info);
 
-/* Which runtime a backend is, and its device: the CUDA or ACL device id, 0 for the simulator
- * and callbacks. */
+/* Which runtime a backend is, and its device: the CUDA or ACL device id, the number of a
+ * simulator device (devstage_backend_create_sim_device), 0 for callbacks. */
 enum devstage_backend_kind_value {
     DEVSTAGE_BACKEND_SIM = 0,
     DEVSTAGE_BACKEND_CUDA = 1,

@@ -21,7 +21,7 @@ inline Status SimBackend::copy_async(void* dst, const void* src, std::size_t byt
     if (worker == nullptr) return streams_.unknown_stream(what, stream.id);
     if (bytes == 0) return {};
     if (Status checked = check_copy(host, device, bytes, what); !checked) return checked;
-    const bool pinned = memory_.pinned_contains(host, bytes);
+    const bool pinned = host_.state_->pinned_contains(host, bytes);
     if (!pinned) {
         if (Status bounce = ensure_bounce(what); !bounce) return bounce;
     }
@@ -66,7 +66,7 @@ inline Status SimBackend::copy_batch(void* const* dsts, const void* const* srcs,
             status = Status(checked.code(), detail::message(checked.message(), " (copy ", i, " of ", count, ")"));
             break;
         }
-        const bool pinned = memory_.pinned_contains(host, bytes);
+        const bool pinned = host_.state_->pinned_contains(host, bytes);
         if (!pinned) {
             if (status = ensure_bounce(what); !status) break;
         }

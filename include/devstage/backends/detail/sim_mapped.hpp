@@ -14,7 +14,7 @@ namespace devstage {
 
 inline Result<void*> SimBackend::map_host(void* host, std::size_t bytes) noexcept {
     std::lock_guard lock(mutex_);
-    if (host == nullptr || bytes == 0 || !memory_.pinned_contains(host, bytes) || mapped_.overlaps(host, bytes)) {
+    if (host == nullptr || bytes == 0 || !host_.state_->pinned_contains(host, bytes) || mapped_.overlaps(host, bytes)) {
         return fail(Errc::invalid_argument,
                     detail::message("sim map_host: ", bytes, " bytes at ", static_cast<const void*>(host),
                                     " are not inside one pinned allocation of the sim, or overlap a mapping"));
@@ -68,7 +68,7 @@ inline Status SimBackend::launch_kernel(Stream stream, HostFunction function, vo
 }
 
 inline Status SimBackend::still_mapped(void* pointer) noexcept {
-    const std::size_t bytes = memory_.pinned_size(pointer);
+    const std::size_t bytes = host_.state_->pinned_size(pointer);
     if (bytes == 0 || !mapped_.overlaps(pointer, bytes)) return {};
     return fail(Errc::invalid_argument, detail::message("sim pinned_free: ", static_cast<const void*>(pointer),
                                                         " is still mapped for the device: unmap_host it first"));

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/backends/detail/address_map.hpp"
 #include "devstage/backends/detail/sim_bounce.hpp"
+#include "devstage/backends/detail/sim_host_state.hpp"
 #include "devstage/backends/sim_config.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
@@ -60,7 +62,8 @@ public:
         std::thread thread;
     };
 
-    SimStreams(SimBounceBuffer& bounce, SimStats& stats) noexcept : bounce_(bounce), stats_(stats) {}
+    SimStreams(SimBounceBuffer& bounce, SimStats& stats, SimHostState& host, int device) noexcept
+        : bounce_(bounce), stats_(stats), host_(host), device_(device) {}
     SimStreams(const SimStreams&) = delete;
     SimStreams& operator=(const SimStreams&) = delete;
     ~SimStreams() { shutdown(); }
@@ -89,17 +92,19 @@ public:
     /// Starts a stream and its worker thread; returns its id.
     Result<std::uint32_t> create_stream() noexcept {
         std::lock_guard queue(mutex_);
-        const std::uint32_t id = next_stream_ + 1;
+        const std::uint32_t id = SimHostState::next_id();
         Worker* worker = nullptr;
         if (!without_bad_alloc(
-                [&] { worker = streams_.emplace(id, std::make_unique<Worker>()).first->second.get(); })) {
+                [&] { worker = streams_.emplace(id, std::make_unique<Worker>()).first->second.get(); }) ||
+            !host_.enroll(SimHostState::Kind::stream, id, device_)) {
+            streams_.erase(id);
             return fail(Errc::out_of_memory, message("sim create_stream: host memory exhausted"));
         }
         if (Status started = start(*worker); !started) {
             streams_.erase(id);
+            host_.withdraw(SimHostState::Kind::stream, id);
             return fail(started.code(), started.message());
         }
-        next_stream_ = id;
         ++stats_.live_streams;
         return id;
     }
@@ -120,17 +125,19 @@ public:
         worker->thread.join();
         std::lock_guard queue(mutex_);
         streams_.erase(id);
+        host_.withdraw(SimHostState::Kind::stream, id);
         idle_.notify_all();  // synchronize() no longer waits for this stream
         return {};
     }
 
     Result<std::uint32_t> create_event() noexcept {
         std::lock_guard queue(mutex_);
-        const std::uint32_t id = next_event_ + 1;
-        if (!without_bad_alloc([&] { events_.emplace(id, nullptr); })) {
+        const std::uint32_t id = SimHostState::next_id();
+        if (!without_bad_alloc([&] { events_.emplace(id, nullptr); }) ||
+            !host_.enroll(SimHostState::Kind::event, id, device_)) {
+            events_.erase(id);
             return fail(Errc::out_of_memory, message("sim create_event: host memory exhausted"));
         }
-        next_event_ = id;
         ++stats_.live_events;
         return id;
     }
@@ -138,6 +145,7 @@ public:
     Status destroy_event(std::uint32_t id) noexcept {
         std::lock_guard queue(mutex_);
         if (events_.erase(id) == 0) return unknown_event("destroy_event", id);
+        host_.withdraw(SimHostState::Kind::event, id);
         --stats_.live_events;
         return {};
     }
@@ -283,7 +291,7 @@ public:
     }
 
     Status unknown_stream(std::string_view what, std::uint32_t id) noexcept {
-        return fail(Errc::invalid_argument, message("sim ", what, ": unknown stream ", id));
+        return unknown(what, SimHostState::Kind::stream, id);
     }
 
 private:
@@ -356,7 +364,17 @@ private:
     }
 
     Status unknown_event(std::string_view what, std::uint32_t id) noexcept {
-        return fail(Errc::invalid_argument, message("sim ", what, ": unknown event ", id));
+        return unknown(what, SimHostState::Kind::event, id);
+    }
+
+    // Another device's stream or event is named as such.
+    Status unknown(std::string_view what, SimHostState::Kind kind, std::uint32_t id) noexcept {
+        const char* noun = kind == SimHostState::Kind::stream ? "stream " : "event ";
+        if (const std::optional<int> owner = host_.owner(kind, id); owner && *owner != device_) {
+            return fail(Errc::invalid_argument, message("sim device ", device_, " ", what, ": ", noun, id,
+                                                        " belongs to sim device ", *owner, " of the same host"));
+        }
+        return fail(Errc::invalid_argument, message("sim ", what, ": unknown ", noun, id));
     }
 
     Status fail(Errc code, std::string text) noexcept {
@@ -370,8 +388,8 @@ private:
     std::condition_variable idle_;  // a task finished: a recording completed, a stream may be idle
     std::map<std::uint32_t, std::unique_ptr<Worker>> streams_;
     std::map<std::uint32_t, std::shared_ptr<Marker>> events_;  // the latest recording; null: never recorded
-    std::uint32_t next_stream_ = 0;
-    std::uint32_t next_event_ = 0;
+    SimHostState& host_;                                       // where ids are registered with their device
+    int device_;
 };
 
 }  // namespace devstage::detail

@@ -5,6 +5,7 @@
 // failed bind took) — and how finish enqueues the copy-backs and hands back a Completion.
 // Included at the end of devstage/stager.hpp; not for inclusion on its own.
 
+#include "devstage/detail/stager/stream_check.hpp"
 #include "devstage/stager.hpp"
 
 namespace devstage {
@@ -70,6 +71,7 @@ template <Backend B, class Strategy>
 Result<StagedRun> Stager<B, Strategy>::bind_on(SlotChoice choice, std::span<const TensorArg> args,
                                                Stream stream) noexcept {
     if (!choice) return choice.status();
+    if (Status checked = detail::check_stream(*backend_, stream, "bind"); !checked) return checked;
     const std::size_t index = *choice;
     Slot& slot = slots_[index];
     const bool frame = slot.framed && args.data() == slot.frame_args.data();
@@ -309,6 +311,7 @@ Status Stager<B, Strategy>::settle_for_queue(void* context) noexcept {
 template <Backend B, class Strategy>
 Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, const Status& execution) noexcept {
     if (Status valid = check_run(run); !valid) return valid;
+    if (Status checked = detail::check_stream(*backend_, stream, "finish"); !checked) return checked;
     const std::size_t index = run.slot_;
     Slot& slot = slots_[index];
     Status first = slot.fence.join(async(), slot.bind_stream, stream);

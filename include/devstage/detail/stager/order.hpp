@@ -5,6 +5,7 @@
 // shares (a stream wait, a settle on the host first, a settle order, or a refusal).
 // Included at the end of devstage/stager.hpp; not for inclusion on its own.
 
+#include "devstage/detail/stager/stream_check.hpp"
 #include "devstage/stager.hpp"
 
 namespace devstage {
@@ -87,6 +88,7 @@ detail::Conflict Stager<B, Strategy>::carried_conflict(const Slot& slot, std::sp
 template <Backend B, class Strategy>
 Status Stager<B, Strategy>::order_after_uploads(const StagedRun& run, Stream stream) noexcept {
     if (Status valid = check_run(run, "order_after_uploads"); !valid) return valid;
+    if (Status checked = detail::check_stream(*backend_, stream, "order_after_uploads"); !checked) return checked;
     // Everything the bind enqueued: its uploads, and its stream waits for the work that used
     // the slot's memory before (a bind with nothing to upload still needs those).
     Slot& slot = slots_[run.slot_];
