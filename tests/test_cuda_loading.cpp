@@ -334,8 +334,7 @@ TEST_CASE("cuda: zero-byte asynchronous copies make no runtime call", "[cuda][as
     CHECK(gpu.destroy_stream(*stream).ok());
 }
 
-TEST_CASE("cuda: pinned memory is portable, pinned for every device; the device says where it sits",
-          "[cuda][pinned]") {
+TEST_CASE("cuda: pinned memory is portable, pinned for every device; the device says where it sits", "[cuda][pinned]") {
     const CudaShim& shim = CudaShim::get();
     REQUIRE(shim.host_flags != nullptr);
     CudaBackend gpu = make_on_shim(1);

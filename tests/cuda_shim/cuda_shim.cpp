@@ -76,7 +76,7 @@ constexpr int device_count = 2;
 
 struct Allocation {
     std::size_t bytes;
-    int device;  // -1: host (cudaHostAlloc)
+    int device;          // -1: host (cudaHostAlloc)
     unsigned flags = 0;  // cudaHostAlloc's
 };
 struct Stream {
@@ -122,9 +122,9 @@ std::mutex mutex;
 std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34};
 std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
-std::map<std::uintptr_t, std::size_t> registered;  // cudaHostRegister ranges
+std::map<std::uintptr_t, std::size_t> registered;     // cudaHostRegister ranges
 std::map<std::uintptr_t, unsigned> registered_flags;  // their cudaHostRegister flags
-int host_numa_id[device_count] = {-1, -1};          // cudaDevAttrHostNumaId
+int host_numa_id[device_count] = {-1, -1};            // cudaDevAttrHostNumaId
 std::string pci_bus_id[device_count] = {"0000:17:00.0", "0000:65:00.0"};
 std::map<void*, Stream*> streams;
 std::map<void*, Event*> events;

@@ -128,7 +128,8 @@ public:
     /// process, so a pool over one device's backend serves copies of every device.
     Result<void*> pinned_malloc(std::size_t bytes) noexcept {
         void* pointer = nullptr;
-        if (Status s = call("cudaHostAlloc", api_.host_alloc, bytes, &pointer, bytes, cudart::host_alloc_portable); !s) {
+        if (Status s = call("cudaHostAlloc", api_.host_alloc, bytes, &pointer, bytes, cudart::host_alloc_portable);
+            !s) {
             return s;
         }
         return pointer;

@@ -11,7 +11,7 @@
 /// type-erased interface (interface.hpp), the stream types (stream_types.hpp), the host-memory
 /// guards (host_memory.hpp) and the layers of the core — the shared state and counters
 /// (state.hpp), the recorded work and the events (events.hpp), the registry (registry.hpp), the
-/// cached and retiring blocks (block_cache.hpp).
+/// cached and retiring blocks (block_cache.hpp), letting go of one backend (forget.hpp).
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
@@ -28,6 +28,7 @@
 #include "devstage/detail/util/align.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/detail/block_cache.hpp"
+#include "devstage/pinned/detail/forget.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
 #include "devstage/pinned/detail/interface.hpp"
 #include "devstage/pinned/detail/stream_types.hpp"
@@ -45,8 +46,8 @@ namespace devstage::detail {
 /// all completed: cached but handed out only once a query finds them complete, or *retiring*
 /// (kept out of the cache, freed once they completed) when the policy would free it.
 template <PinnedHostBackend B, class Cache>
-class PinnedPoolCore final : public PinnedBlockCache<B, Cache> {
-    using Base = PinnedBlockCache<B, Cache>;
+class PinnedPoolCore final : public PinnedForget<B, Cache> {
+    using Base = PinnedForget<B, Cache>;
     using Grant = PinnedCore::Grant;
     using Base::caching;
     using Base::streams;
@@ -61,6 +62,7 @@ public:
     PinnedPoolCore(B& backend, Cache cache) : Base(backend, std::move(cache)) {}
     PinnedPoolCore(const PinnedPoolCore&) = delete;
     PinnedPoolCore& operator=(const PinnedPoolCore&) = delete;
+    using Base::forget;
     using Base::report;
 
     /// Runs when the pool and everything holding its memory are gone. Blocks given back after
@@ -86,7 +88,7 @@ public:
                                                "stay allocated on backend '",
                                                name_, "'")));
             }
-            destroy_idle_events();
+            (void)destroy_idle_events();
         }
     }
 
@@ -146,7 +148,7 @@ public:
         const Block block = found->second.block;
         const bool cacheable = !found->second.detached;
         Uses uses = std::move(found->second.uses);
-        forget(found);
+        unlist(found);
         if constexpr (streams) {
             const bool retiring = !retiring_.empty();
             Status released;
@@ -182,7 +184,6 @@ private:
     using Base::collect;
     using Base::destroy_idle_events;
     using Base::enroll;
-    using Base::forget;
     using Base::free_all;
     using Base::free_block;
     using Base::live_;
@@ -197,6 +198,7 @@ private:
     using Base::take_completed;
     using Base::take_raw;
     using Base::trim_some;
+    using Base::unlist;
 
     /// Precondition: `lock` holds mutex_. A block for `bytes`: from the cache, else from the
     /// backend, called without the lock (it is slow on real devices). A cached block whose
@@ -287,7 +289,7 @@ private:
         }
         free_all(batch, true, closing ? "destroy" : "finalize", tally);
         if constexpr (streams) {
-            if (closing) destroy_idle_events();
+            if (closing) (void)destroy_idle_events();
         }
         if (!closing && held > 0) {
             report(

@@ -20,9 +20,11 @@
 namespace devstage {
 
 /// A pool of page-locked host memory over one backend instance (and so that backend's
-/// device, never the calling thread's current one). Thread-safe: every call may come from any
-/// thread. The backend must accept concurrent calls and outlive the pool and every buffer and
-/// container holding memory from it.
+/// device, never the calling thread's current one), whose memory streams of other backend
+/// instances of type B may use too (record() with the stream's backend). Thread-safe: every
+/// call may come from any thread. The backend must accept concurrent calls and outlive the pool
+/// and every buffer and container holding memory from it; so must every backend named in a
+/// record(), unless forget() let go of it.
 /// `PinnedHostPool<SimBackend> pool(sim); auto buf = pool.allocate(1 << 20);`
 template <PinnedHostBackend B, class Cache = CachingPinned>
 class PinnedHostPool {
@@ -67,24 +69,53 @@ public:
     /// `B::Stream` when B models AsyncBackend (a placeholder that no call accepts otherwise).
     using Stream = typename detail::PinnedStreamTypes<B>::Stream;
 
-    /// Remembers that work enqueued on `stream` reads or writes the buffer's memory. Nothing is
-    /// enqueued now: when the memory is given back, an event is recorded on every stream
-    /// recorded for it, and the block is reused (or freed) only once those events completed.
-    /// allocate() never waits for them: it takes another block. Call it after enqueuing the
-    /// work, before giving the memory back; recording a stream twice records it once.
-    /// `pool.record(*buffer, stream);` An empty buffer, or one of another pool, is
-    /// Errc::invalid_argument; a buffer whose memory was given back through release() is
-    /// Errc::unknown_pointer.
+    /// Remembers that work enqueued on `stream`, a stream of the pool's backend, reads or
+    /// writes the buffer's memory. Nothing is enqueued now: when the memory is given back, an
+    /// event is recorded on every stream recorded for it, and the block is reused (or freed)
+    /// only once those events completed. allocate() never waits for them: it takes another
+    /// block. Call it after enqueuing the work, before giving the memory back; recording a
+    /// stream twice records it once. `pool.record(*buffer, stream);` An empty buffer, or one of
+    /// another pool, is Errc::invalid_argument; a buffer whose memory was given back through
+    /// release() is Errc::unknown_pointer.
     Status record(const PinnedBuffer& buffer, Stream stream) noexcept requires AsyncBackend<B> {
-        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream);
+        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream, backend(),
+                                    false);
+    }
+
+    /// record() for a stream of `stream_backend`, another backend instance of type B (another
+    /// device's, say; the pool's own is fine too): the pool's events for that stream are made,
+    /// recorded, queried and destroyed on `stream_backend`. One event is recorded on the stream
+    /// now, which checks that the stream is `stream_backend`'s — a stream it does not know is
+    /// refused with its error (Errc::invalid_argument from the backends devstage ships), naming
+    /// the backend, and nothing is recorded — and recorded again at the release.
+    /// `stream_backend` must stay alive until forget(stream_backend) returned or the pool's core
+    /// is gone (the pool and every buffer and container of its memory).
+    /// `pool.record(*buffer, stream3, gpu3);`
+    Status record(const PinnedBuffer& buffer, Stream stream, B& stream_backend) noexcept requires AsyncBackend<B> {
+        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream, stream_backend,
+                                    true);
     }
 
     /// record() for the live allocation starting at `pointer`: a raw allocation, a buffer's
     /// data(), or a container's memory (`vector.data()`: its block waits when the container
     /// frees it, on growth too). Anything else is Errc::unknown_pointer.
     Status record(const void* pointer, Stream stream) noexcept requires AsyncBackend<B> {
-        return core_->record(pointer, 0, stream);
+        return core_->record(pointer, 0, stream, backend(), false);
     }
+    /// record(pointer, stream) for a stream of `stream_backend` (as record(buffer, stream,
+    /// stream_backend)).
+    Status record(const void* pointer, Stream stream, B& stream_backend) noexcept requires AsyncBackend<B> {
+        return core_->record(pointer, 0, stream, stream_backend, true);
+    }
+
+    /// Lets go of `stream_backend` before it is destroyed: waits (the host blocks) for the work
+    /// recorded on its streams — an event recorded now on each stream a live allocation
+    /// recorded, and the events of pending blocks — and destroys the pool's events of it. On
+    /// success the pool makes no further call to it (until a record() names it again). A wait
+    /// that fails (synchronize() is tried next) keeps that use and is returned; nothing is
+    /// lost, and the backend must then stay alive. No other call may use `stream_backend` with
+    /// this pool meanwhile. `pool.forget(gpu3);`
+    Status forget(B& stream_backend) noexcept requires AsyncBackend<B> { return core_->forget(stream_backend); }
 
     /// Frees every cached block, first waiting for the recorded work of pending ones (the host
     /// blocks), and the retiring blocks likewise. Allocations still live stay valid: they are
