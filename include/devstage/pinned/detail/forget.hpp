@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,16 +52,20 @@ public:
     /// a later record() names it again). A wait that fails (after synchronize() as a fallback)
     /// leaves that use in place, and the failure is returned: nothing is lost.
     Status forget(B& backend) noexcept requires streams {
-        Tally tally;
-        forget_live(backend, tally);
-        forget_pending(backend, tally);
-        tally.add(this->destroy_idle_events(&backend));
-        std::lock_guard lock(mutex_);
-        if (tally.first.ok() && this->holds_events_of(&backend)) {
-            return Status(Errc::busy, message_or_empty("pinned pool forget: events of backend '", backend.name(), "' (",
-                                                       static_cast<const void*>(&backend), ") are still in use"));
+        for (;;) {
+            Tally tally;
+            forget_live(backend, tally);
+            forget_pending(backend, tally);
+            tally.add(this->destroy_idle_events(&backend));
+            if (!tally.first.ok()) return tally.status("forget", this->name_);
+            {
+                std::lock_guard lock(mutex_);
+                if (!this->holds_events_of(&backend)) return {};
+            }
+            // Another thread's allocate() holds a pending block of it while querying it: the
+            // block comes back (settled, or pending again) as soon as that query returned.
+            std::this_thread::yield();
         }
-        return tally.status("forget", this->name_);
     }
 
 private:
