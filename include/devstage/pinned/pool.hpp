@@ -15,6 +15,7 @@
 #include "devstage/pinned/buffer.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/core.hpp"
+#include "devstage/pinned/numa.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -31,7 +32,14 @@ class PinnedHostPool {
     using Core = detail::PinnedPoolCore<B, Cache>;
 
 public:
-    explicit PinnedHostPool(B& backend, Cache cache = {}) : core_(std::make_shared<Core>(backend, std::move(cache))) {}
+    explicit PinnedHostPool(B& backend, Cache cache = {})
+        : core_(std::make_shared<Core>(backend, std::move(cache), NumaPlacement{})) {}
+    /// With NUMA placement (`numa.enabled`): one arena per NUMA node, allocate_near() serving
+    /// each device from its nearest node (pinned/numa.hpp). `backend` pins the nodes' blocks in
+    /// place (host_register); allocate() still takes its pinned_malloc memory.
+    /// `PinnedHostPool<CudaBackend> pool(gpu0, {}, NumaPlacement{.enabled = true});`
+    PinnedHostPool(B& backend, Cache cache, NumaPlacement numa) requires HostRegisterBackend<B>
+        : core_(std::make_shared<Core>(backend, std::move(cache), std::move(numa))) {}
     PinnedHostPool(const PinnedHostPool&) = delete;
     PinnedHostPool& operator=(const PinnedHostPool&) = delete;
     /// Refuses every later allocation (through allocator copies, or one in flight), frees the
@@ -56,6 +64,33 @@ public:
         if (!grant) return grant.status();
         return grant->pointer;
     }
+
+    /// allocate() from the arena of the NUMA node nearest `device` (a backend of another
+    /// device, or the pool's own): the pool asks nearest_numa_node() once per device (or takes
+    /// what set_numa_node() said). The block is mapped, bound to that node with mbind, touched,
+    /// then pinned with the pool's backend's host_register; cached, it serves only allocations
+    /// for that node. Without NUMA placement, or for a device with no known node, or one whose
+    /// node the kernel refused (reported once, stats().numa_fallbacks), it is allocate().
+    Result<PinnedBuffer> allocate_near(const B& device, std::size_t bytes) noexcept {
+        Result<detail::PinnedCore::Grant> grant =
+            core_->allocate_on(bytes, 1, detail::PinnedHolder::buffer, core_->node_for(device));
+        if (!grant) return grant.status();
+        return PinnedBuffer(core_, grant->pointer, bytes, grant->id);
+    }
+    /// allocate_raw() from the arena nearest `device` (as allocate_near()).
+    Result<void*> allocate_raw_near(const B& device, std::size_t bytes) noexcept {
+        Result<detail::PinnedCore::Grant> grant =
+            core_->allocate_on(bytes, 1, detail::PinnedHolder::raw, core_->node_for(device));
+        if (!grant) return grant.status();
+        return grant->pointer;
+    }
+    /// The NUMA node allocate_near(device, …) uses; -1: the backend's pinned_malloc memory.
+    int numa_node(const B& device) noexcept { return core_->node_for(device); }
+    /// Serves `device` from `node` from now on (-1: the backend's pinned_malloc memory): the
+    /// explicit configuration, for a backend whose runtime does not say (AscendBackend). A pool
+    /// without NUMA placement, or a node below -1 or past max_numa_nodes, is
+    /// Errc::invalid_argument and changes nothing.
+    Status set_numa_node(const B& device, int node) noexcept { return core_->set_node(device, node); }
 
     /// Gives back memory from allocate_raw() (or a buffer's data(): the buffer then gives back
     /// nothing). A pointer the pool does not own, or one already released, is
