@@ -19,6 +19,17 @@ int main() {
     devstage::Result<devstage::StagedRun> run = stager.bind(args);
     if (!run) return 2;
     if (!stager.finish(std::move(*run))) return 3;
+    {
+        // One pool over several mocks with NUMA placement: a stream of another backend, forget.
+        devstage::MockBackend host, other;
+        devstage::PinnedHostPool<devstage::MockBackend> shared(host, {}, devstage::NumaPlacement{.enabled = true});
+        if (!shared.set_numa_node(other, 0)) return 5;
+        devstage::Result<devstage::PinnedBuffer> near = shared.allocate_near(other, 4096);
+        devstage::Result<devstage::MockBackend::Stream> stream = other.create_stream();
+        if (!near || !stream || !shared.record(*near, *stream, other)) return 6;
+        near->reset();
+        if (!shared.forget(other) || !other.destroy_stream(*stream)) return 7;
+    }
     std::printf("staged %llu bytes without exceptions\n",
                 static_cast<unsigned long long>(stager.stats().bytes_to_device));
     return stager.stats().runs == 1 ? 0 : 4;

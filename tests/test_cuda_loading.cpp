@@ -56,6 +56,9 @@ struct CudaShim {
     int (*set_device)(int);  // the runtime's cudaSetDevice: changes the thread's current device
     void (*fail_batch_at)(std::size_t, int);
     void (*set_can_map)(int);
+    unsigned (*host_flags)(const void*);
+    void (*set_host_numa)(int, int);
+    void (*set_pci_bus_id)(int, const char*);
 
     enum Live { streams, events, reservations, mappings, physicals };
 
@@ -79,6 +82,10 @@ struct CudaShim {
             s.set_device = reinterpret_cast<decltype(s.set_device)>(::dlsym(handle, "cudaSetDevice"));
             s.fail_batch_at = reinterpret_cast<decltype(s.fail_batch_at)>(::dlsym(handle, "cuda_shim_fail_batch_at"));
             s.set_can_map = reinterpret_cast<decltype(s.set_can_map)>(::dlsym(handle, "cuda_shim_set_can_map"));
+            s.host_flags = reinterpret_cast<decltype(s.host_flags)>(::dlsym(handle, "cuda_shim_host_flags"));
+            s.set_host_numa = reinterpret_cast<decltype(s.set_host_numa)>(::dlsym(handle, "cuda_shim_set_host_numa"));
+            s.set_pci_bus_id =
+                reinterpret_cast<decltype(s.set_pci_bus_id)>(::dlsym(handle, "cuda_shim_set_pci_bus_id"));
             return s;
         }();
         REQUIRE(shim.set_capacity != nullptr);
@@ -325,6 +332,58 @@ TEST_CASE("cuda: zero-byte asynchronous copies make no runtime call", "[cuda][as
     CHECK_FALSE(gpu.copy_to_device_async(*device, host, 64, *stream).ok());
     CHECK(gpu.device_free(*device).ok());
     CHECK(gpu.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("cuda: pinned memory is portable, pinned for every device; the device says where it sits", "[cuda][pinned]") {
+    const CudaShim& shim = CudaShim::get();
+    REQUIRE(shim.host_flags != nullptr);
+    CudaBackend gpu = make_on_shim(1);
+    Result<void*> pinned = gpu.pinned_malloc(4096);
+    REQUIRE(pinned.ok());
+    CHECK(shim.host_flags(*pinned) == cudart::host_alloc_portable);
+    std::vector<std::byte> host(3 * 4096);
+    void* const page = detail::align_pointer(host.data(), 4096);
+    REQUIRE(gpu.host_register(page, 4096).ok());
+    CHECK(shim.host_flags(page) == cudart::host_register_portable);
+    REQUIRE(gpu.host_unregister(page).ok());
+    CHECK(shim.host_flags(page) == ~0U);
+
+    // A pool over device 1's backend serves device 0's copies: the memory is portable.
+    PinnedHostPool<CudaBackend> pool(gpu);
+    CudaBackend gpu0 = make_on_shim(0);
+    Result<PinnedBuffer> buffer = pool.allocate(256);
+    REQUIRE(buffer.ok());
+    CHECK(shim.host_flags(buffer->data()) == cudart::host_alloc_portable);
+    Result<void*> device = gpu0.device_malloc(256);
+    REQUIRE(device.ok());
+    std::memset(buffer->data(), 7, 256);
+    CHECK(gpu0.copy_to_device(*device, buffer->data(), 256).ok());
+    CHECK(gpu0.device_free(*device).ok());
+
+    const auto node_of = [](const CudaBackend& b) {
+        const Result<int> node = b.host_numa_node();
+        REQUIRE(node.ok());
+        return *node;
+    };
+    const auto bus_of = [](const CudaBackend& b) {
+        const Result<std::string> id = b.pci_bus_id();
+        REQUIRE(id.ok());
+        return *id;
+    };
+    CHECK(node_of(gpu) == -1);  // the stand-in's default: no NUMA
+    shim.set_host_numa(1, 3);
+    CHECK(node_of(gpu) == 3);
+    CHECK(node_of(gpu0) == -1);
+    shim.set_host_numa(1, -1);
+    CHECK(bus_of(gpu) == "0000:65:00.0");
+    shim.set_pci_bus_id(0, "0001:a3:00.0");
+    CHECK(bus_of(gpu0) == "0001:a3:00.0");
+    shim.set_pci_bus_id(0, "0000:17:00.0");
+    shim.fail("cudaDeviceGetPCIBusId", 1, 101);
+    const Result<std::string> failed = gpu0.pci_bus_id();
+    CHECK(failed.status().code() != Errc::ok);
+    CHECK_THAT(std::string(failed.status().message()), Catch::Contains("cudaDeviceGetPCIBusId"));
+    CHECK(gpu.pinned_free(*pinned).ok());
 }
 
 TEST_CASE("cuda: is_pinned asks cudaPointerGetAttributes, and the pageable ring follows its answer",
@@ -686,6 +745,9 @@ static_assert(cudart::error_not_ready == cudaErrorNotReady);
 static_assert(cudart::memcpy_host_to_device == cudaMemcpyHostToDevice);
 static_assert(cudart::memcpy_device_to_host == cudaMemcpyDeviceToHost);
 static_assert(cudart::host_alloc_default == cudaHostAllocDefault);
+static_assert(cudart::host_alloc_portable == cudaHostAllocPortable);
+static_assert(cudart::host_register_portable == cudaHostRegisterPortable);
+static_assert(cudart::device_attribute_host_numa_id == cudaDevAttrHostNumaId);
 static_assert(cudart::stream_non_blocking == cudaStreamNonBlocking);
 static_assert(cudart::event_disable_timing == cudaEventDisableTiming);
 static_assert(sizeof(cudaError_t) == sizeof(cudart::cudaError_t) && sizeof(cudaMemcpyKind) == sizeof(int));

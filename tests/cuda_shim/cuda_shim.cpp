@@ -22,7 +22,9 @@
 // pointer that starts no registered range (cudaErrorHostMemoryNotRegistered). Its devices can
 // map host memory and share the host's address space (cudaDeviceGetAttribute), so
 // cudaHostGetDevicePointer gives a cudaHostAlloc pointer's own address; cuda_shim_set_can_map(0)
-// turns both attributes off.
+// turns both attributes off. It keeps the flags cudaHostAlloc and cudaHostRegister were given
+// (cuda_shim_host_flags); cudaDevAttrHostNumaId answers -1 (no NUMA) and cudaDeviceGetPCIBusId
+// a fixed address per device until a test sets them.
 // Test control: the cuda_shim_* functions.
 //
 // cudaMemcpyBatchAsync copies in order, each copy checked as cudaMemcpyAsync checks it, and
@@ -34,6 +36,7 @@
 // cudaRuntimeGetVersion; with CUDA_SHIM_RUNTIME_12080 it is a 12.8 runtime: cudaRuntimeGetVersion
 // answers 12080 and cudaMemcpyBatchAsync takes failIdx before the stream.
 #include <sys/mman.h>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -73,7 +76,8 @@ constexpr int device_count = 2;
 
 struct Allocation {
     std::size_t bytes;
-    int device;  // -1: host (cudaHostAlloc)
+    int device;          // -1: host (cudaHostAlloc)
+    unsigned flags = 0;  // cudaHostAlloc's
 };
 struct Stream {
     int device;
@@ -118,7 +122,10 @@ std::mutex mutex;
 std::size_t capacity[device_count] = {std::size_t{1} << 34, std::size_t{1} << 34};
 std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
-std::map<std::uintptr_t, std::size_t> registered;  // cudaHostRegister ranges
+std::map<std::uintptr_t, std::size_t> registered;     // cudaHostRegister ranges
+std::map<std::uintptr_t, unsigned> registered_flags;  // their cudaHostRegister flags
+int host_numa_id[device_count] = {-1, -1};            // cudaDevAttrHostNumaId
+std::string pci_bus_id[device_count] = {"0000:17:00.0", "0000:65:00.0"};
 std::map<void*, Stream*> streams;
 std::map<void*, Event*> events;
 std::map<std::uintptr_t, std::size_t> reservations;
@@ -268,6 +275,24 @@ int cuda_shim_device_of(const void* pointer) {
     const auto found = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
     return found == allocations.end() ? -2 : found->second.device;
 }
+/// The flags cudaHostAlloc or cudaHostRegister was given for the memory starting at `pointer`;
+/// ~0 when neither allocated or registered memory there.
+unsigned cuda_shim_host_flags(const void* pointer) {
+    std::lock_guard lock(mutex);
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    if (const auto found = registered_flags.find(address); found != registered_flags.end()) return found->second;
+    const auto found = allocations.find(address);
+    return found == allocations.end() || found->second.device >= 0 ? ~0U : found->second.flags;
+}
+/// cudaDevAttrHostNumaId of `device` (-1, no NUMA, until set) and its cudaDeviceGetPCIBusId.
+void cuda_shim_set_host_numa(int device, int node) {
+    std::lock_guard lock(mutex);
+    host_numa_id[device] = node;
+}
+void cuda_shim_set_pci_bus_id(int device, const char* bus_id) {
+    std::lock_guard lock(mutex);
+    pci_bus_id[device] = bus_id;
+}
 /// The device and creation flags of a stream or an event; -1 when unknown.
 int cuda_shim_stream_info(void* stream, unsigned* flags) {
     std::lock_guard lock(mutex);
@@ -369,7 +394,7 @@ cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
     if (flags > 0xF) return cudaErrorInvalidValue;
     void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
     if (memory == nullptr) return cudaErrorMemoryAllocation;
-    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
+    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1, flags};
     *pointer = memory;
     return cudaSuccess;
 }
@@ -377,7 +402,24 @@ cudaError_t cudaDeviceGetAttribute(int* value, int attribute, int device) {
     if (in_host_function) return cudaErrorNotPermitted;
     std::lock_guard lock(mutex);
     if (value == nullptr || device < 0 || device >= device_count) return cudaErrorInvalidValue;
+    if (attribute == 134) {  // cudaDevAttrHostNumaId
+        *value = host_numa_id[device];
+        return cudaSuccess;
+    }
     *value = attribute == 19 || attribute == 41 ? can_map : 0;  // CanMapHostMemory, UnifiedAddressing
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaDeviceGetPCIBusId", code)) return code;
+    if (bus_id == nullptr || length <= 0) return cudaErrorInvalidValue;
+    if (device < 0 || device >= device_count) return cudaErrorInvalidDevice;
+    const std::string& id = pci_bus_id[device];
+    const std::size_t n = std::min(id.size(), static_cast<std::size_t>(length) - 1);
+    std::memcpy(bus_id, id.data(), n);
+    bus_id[n] = '\0';
     return cudaSuccess;
 }
 cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned flags) {
@@ -421,6 +463,7 @@ cudaError_t cudaHostRegister(void* pointer, std::size_t size, unsigned flags) {
         return cudaErrorHostMemoryAlreadyRegistered;
     }
     registered[address] = size;
+    registered_flags[address] = flags;
     return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* pointer) {
@@ -430,6 +473,7 @@ cudaError_t cudaHostUnregister(void* pointer) {
     if (injected("cudaHostUnregister", code)) return code;
     touch();
     if (registered.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0) return cudaErrorHostMemoryNotRegistered;
+    registered_flags.erase(reinterpret_cast<std::uintptr_t>(pointer));
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) {

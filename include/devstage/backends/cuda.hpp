@@ -127,9 +127,12 @@ public:
         return call("cudaMemset", api_.memset, bytes, device_dst, value, bytes);
     }
     Status synchronize() noexcept { return call("cudaDeviceSynchronize", api_.device_synchronize, 0); }
+    /// cudaHostAlloc(&p, bytes, cudaHostAllocPortable): page-locked for every device of the
+    /// process, so a pool over one device's backend serves copies of every device.
     Result<void*> pinned_malloc(std::size_t bytes) noexcept {
         void* pointer = nullptr;
-        if (Status s = call("cudaHostAlloc", api_.host_alloc, bytes, &pointer, bytes, cudart::host_alloc_default); !s) {
+        if (Status s = call("cudaHostAlloc", api_.host_alloc, bytes, &pointer, bytes, cudart::host_alloc_portable);
+            !s) {
             return s;
         }
         return pointer;
@@ -236,6 +239,11 @@ public:
         if (Status bound = bind(); !bound) return bound;
         return host_memory_.unregister(errors_, site(), host);
     }
+    /// cudaDeviceGetAttribute(cudaDevAttrHostNumaId): the host NUMA node nearest the device, -1
+    /// where the system has no NUMA (NumaBackend, pinned/numa.hpp).
+    Result<int> host_numa_node() const noexcept { return host_memory_.host_numa_node(errors_, site(), device_); }
+    /// cudaDeviceGetPCIBusId: the device's PCI address, "dddd:bb:dd.f".
+    Result<std::string> pci_bus_id() const noexcept { return host_memory_.pci_bus_id(errors_, site(), device_); }
 
     // ---- batches of copies: cudaMemcpyBatchAsync (CUDA 12.8 and later) ----------------------
     // Resolved when the runtime exports it; its form by cudaRuntimeGetVersion (12.8 and 12.9

@@ -35,6 +35,9 @@ inline constexpr cudaError_t error_not_ready = 600;
 inline constexpr int memcpy_host_to_device = 1;
 inline constexpr int memcpy_device_to_host = 2;
 inline constexpr unsigned host_alloc_default = 0;
+/// cudaHostAllocPortable: the memory is page-locked for every CUDA context, not only the
+/// allocating device's.
+inline constexpr unsigned host_alloc_portable = 0x01;
 inline constexpr unsigned stream_non_blocking = 0x01;
 inline constexpr unsigned event_disable_timing = 0x02;
 inline constexpr int memory_type_unregistered = 0;
@@ -53,6 +56,11 @@ inline constexpr int batch_without_fail_index_version = 13000;
 /// address space with the host (then cudaHostAlloc memory is mapped, at its host address).
 inline constexpr int device_attribute_can_map_host_memory = 19;
 inline constexpr int device_attribute_unified_addressing = 41;
+/// cudaDevAttrHostNumaId: the host NUMA node closest to the device, -1 where the system has no
+/// NUMA (cudaDevAttrNumaId, 131, is the node of the device's own memory on coherent systems).
+inline constexpr int device_attribute_host_numa_id = 134;
+/// cudaDeviceGetPCIBusId writes at most this many characters, its NUL included.
+inline constexpr int pci_bus_id_length = 13;
 
 /// cudaMemLocation.
 struct MemLocation {

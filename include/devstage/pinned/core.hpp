@@ -11,7 +11,8 @@
 /// type-erased interface (interface.hpp), the stream types (stream_types.hpp), the host-memory
 /// guards (host_memory.hpp) and the layers of the core — the shared state and counters
 /// (state.hpp), the recorded work and the events (events.hpp), the registry (registry.hpp), the
-/// cached and retiring blocks (block_cache.hpp).
+/// cached and retiring blocks (block_cache.hpp), letting go of one backend (forget.hpp), the
+/// NUMA arenas (numa_arenas.hpp).
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
@@ -28,8 +29,10 @@
 #include "devstage/detail/util/align.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/detail/block_cache.hpp"
+#include "devstage/pinned/detail/forget.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
 #include "devstage/pinned/detail/interface.hpp"
+#include "devstage/pinned/detail/numa_arenas.hpp"
 #include "devstage/pinned/detail/stream_types.hpp"
 #include "devstage/pinned/stats.hpp"
 #include "devstage/status.hpp"
@@ -45,8 +48,8 @@ namespace devstage::detail {
 /// all completed: cached but handed out only once a query finds them complete, or *retiring*
 /// (kept out of the cache, freed once they completed) when the policy would free it.
 template <PinnedHostBackend B, class Cache>
-class PinnedPoolCore final : public PinnedBlockCache<B, Cache> {
-    using Base = PinnedBlockCache<B, Cache>;
+class PinnedPoolCore final : public PinnedNumaArenas<B, Cache> {
+    using Base = PinnedNumaArenas<B, Cache>;
     using Grant = PinnedCore::Grant;
     using Base::caching;
     using Base::streams;
@@ -58,9 +61,10 @@ class PinnedPoolCore final : public PinnedBlockCache<B, Cache> {
     using typename Base::Uses;
 
 public:
-    PinnedPoolCore(B& backend, Cache cache) : Base(backend, std::move(cache)) {}
+    PinnedPoolCore(B& backend, Cache cache, NumaPlacement numa) : Base(backend, std::move(cache), std::move(numa)) {}
     PinnedPoolCore(const PinnedPoolCore&) = delete;
     PinnedPoolCore& operator=(const PinnedPoolCore&) = delete;
+    using Base::forget;
     using Base::report;
 
     /// Runs when the pool and everything holding its memory are gone. Blocks given back after
@@ -86,11 +90,16 @@ public:
                                                "stay allocated on backend '",
                                                name_, "'")));
             }
-            destroy_idle_events();
+            (void)destroy_idle_events();
         }
     }
 
     Result<Grant> allocate(std::size_t bytes, std::size_t alignment, PinnedHolder holder) noexcept override {
+        return allocate_on(bytes, alignment, holder, -1);
+    }
+
+    /// allocate() from the arena of NUMA node `node` (-1: the backend's pinned_malloc memory).
+    Result<Grant> allocate_on(std::size_t bytes, std::size_t alignment, PinnedHolder holder, int node) noexcept {
         if (bytes == 0) {
             return Status(Errc::invalid_argument,
                           message_or_empty("pinned pool allocate: 0 bytes requested on backend '", name_, "'"));
@@ -103,7 +112,7 @@ public:
                                  " is not a power-of-two alignment of a representable size (backend '", name_, "')"));
         }
         Lock lock(mutex_);
-        Result<Block> block = obtain(lock, bytes, bytes);
+        Result<Block> block = obtain(lock, bytes, bytes, node);
         if (!block) return block.status();
         void* pointer = block->base;
         if (!detail::is_aligned(pointer, alignment)) {
@@ -112,7 +121,7 @@ public:
             // serves instead, whatever the backend aligns to.
             if (Status retired = retire(lock, *block, true); !retired) report(retired);
             lock.lock();
-            block = obtain(lock, *padded, bytes);
+            block = obtain(lock, *padded, bytes, node);
             if (!block) return block.status();
             pointer = detail::align_pointer(block->base, alignment);
         }
@@ -146,7 +155,7 @@ public:
         const Block block = found->second.block;
         const bool cacheable = !found->second.detached;
         Uses uses = std::move(found->second.uses);
-        forget(found);
+        unlist(found);
         if constexpr (streams) {
             const bool retiring = !retiring_.empty();
             Status released;
@@ -182,7 +191,6 @@ private:
     using Base::collect;
     using Base::destroy_idle_events;
     using Base::enroll;
-    using Base::forget;
     using Base::free_all;
     using Base::free_block;
     using Base::live_;
@@ -197,23 +205,24 @@ private:
     using Base::take_completed;
     using Base::take_raw;
     using Base::trim_some;
+    using Base::unlist;
 
     /// Precondition: `lock` holds mutex_. A block for `bytes`: from the cache, else from the
     /// backend, called without the lock (it is slow on real devices). A cached block whose
     /// recorded work is pending is queried once, without the lock, and passed over unless the
     /// work completed: this never blocks. On success the lock is held again; a pool destroyed
     /// meanwhile gets nothing, and the block goes straight back to the backend.
-    Result<Block> obtain(Lock& lock, std::size_t bytes, std::size_t asked) noexcept {
+    Result<Block> obtain(Lock& lock, std::size_t bytes, std::size_t asked, int node) noexcept {
         if (closed_) return closed_error();
         const std::size_t capacity = block_size(bytes);
         Status query_failure;
         if constexpr (caching) {
-            if (const std::optional<Block> cached = take_cached(capacity)) {
+            if (const std::optional<Block> cached = take_cached(capacity, node)) {
                 ++stats_.cache_hits;
                 return *cached;
             }
             if constexpr (streams) {
-                if (const std::optional<Block> completed = take_completed(lock, capacity, query_failure)) {
+                if (const std::optional<Block> completed = take_completed(lock, capacity, node, query_failure)) {
                     ++stats_.cache_hits;
                     if (!closed_) return *completed;
                     lock.unlock();
@@ -224,8 +233,12 @@ private:
         }
         lock.unlock();
         if (!query_failure.ok()) report(query_failure);
-        Result<void*> pointer = backend_->pinned_malloc(capacity);
+        Result<void*> pointer = node >= 0 ? this->numa_block(capacity, node) : backend_->pinned_malloc(capacity);
         if (!pointer && pointer.status().code() == Errc::out_of_memory && trim_some()) {
+            pointer = node >= 0 ? this->numa_block(capacity, node) : backend_->pinned_malloc(capacity);
+        }
+        if (!pointer && node >= 0 && pointer.status().code() == Errc::not_supported) {
+            node = -1;  // the node cannot be bound to (numa_block reported it once): fall back
             pointer = backend_->pinned_malloc(capacity);
         }
         if (!pointer) {
@@ -234,7 +247,7 @@ private:
                           message_or_empty("pinned pool allocate: ", capacity, " bytes (", asked,
                                            " asked) from backend '", name_, "' failed: ", cause.message()));
         }
-        const Block block{*pointer, capacity};
+        const Block block{*pointer, capacity, node};
         lock.lock();
         ++stats_.backend_allocations;
         ++stats_.cache_misses;
@@ -287,7 +300,7 @@ private:
         }
         free_all(batch, true, closing ? "destroy" : "finalize", tally);
         if constexpr (streams) {
-            if (closing) destroy_idle_events();
+            if (closing) (void)destroy_idle_events();
         }
         if (!closing && held > 0) {
             report(

@@ -15,21 +15,31 @@
 #include "devstage/pinned/buffer.hpp"
 #include "devstage/pinned/cache.hpp"
 #include "devstage/pinned/core.hpp"
+#include "devstage/pinned/numa.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
 
 /// A pool of page-locked host memory over one backend instance (and so that backend's
-/// device, never the calling thread's current one). Thread-safe: every call may come from any
-/// thread. The backend must accept concurrent calls and outlive the pool and every buffer and
-/// container holding memory from it.
+/// device, never the calling thread's current one), whose memory streams of other backend
+/// instances of type B may use too (record() with the stream's backend). Thread-safe: every
+/// call may come from any thread. The backend must accept concurrent calls and outlive the pool
+/// and every buffer and container holding memory from it; so must every backend named in a
+/// record(), unless forget() let go of it.
 /// `PinnedHostPool<SimBackend> pool(sim); auto buf = pool.allocate(1 << 20);`
 template <PinnedHostBackend B, class Cache = CachingPinned>
 class PinnedHostPool {
     using Core = detail::PinnedPoolCore<B, Cache>;
 
 public:
-    explicit PinnedHostPool(B& backend, Cache cache = {}) : core_(std::make_shared<Core>(backend, std::move(cache))) {}
+    explicit PinnedHostPool(B& backend, Cache cache = {})
+        : core_(std::make_shared<Core>(backend, std::move(cache), NumaPlacement{})) {}
+    /// With NUMA placement (`numa.enabled`): one arena per NUMA node, allocate_near() serving
+    /// each device from its nearest node (pinned/numa.hpp). `backend` pins the nodes' blocks in
+    /// place (host_register); allocate() still takes its pinned_malloc memory.
+    /// `PinnedHostPool<CudaBackend> pool(gpu0, {}, NumaPlacement{.enabled = true});`
+    PinnedHostPool(B& backend, Cache cache, NumaPlacement numa) requires HostRegisterBackend<B>
+        : core_(std::make_shared<Core>(backend, std::move(cache), std::move(numa))) {}
     PinnedHostPool(const PinnedHostPool&) = delete;
     PinnedHostPool& operator=(const PinnedHostPool&) = delete;
     /// Refuses every later allocation (through allocator copies, or one in flight), frees the
@@ -55,6 +65,33 @@ public:
         return grant->pointer;
     }
 
+    /// allocate() from the arena of the NUMA node nearest `device` (a backend of another
+    /// device, or the pool's own): the pool asks nearest_numa_node() once per device (or takes
+    /// what set_numa_node() said). The block is mapped, bound to that node with mbind, touched,
+    /// then pinned with the pool's backend's host_register; cached, it serves only allocations
+    /// for that node. Without NUMA placement, or for a device with no known node, or one whose
+    /// node the kernel refused (reported once, stats().numa_fallbacks), it is allocate().
+    Result<PinnedBuffer> allocate_near(const B& device, std::size_t bytes) noexcept {
+        Result<detail::PinnedCore::Grant> grant =
+            core_->allocate_on(bytes, 1, detail::PinnedHolder::buffer, core_->node_for(device));
+        if (!grant) return grant.status();
+        return PinnedBuffer(core_, grant->pointer, bytes, grant->id);
+    }
+    /// allocate_raw() from the arena nearest `device` (as allocate_near()).
+    Result<void*> allocate_raw_near(const B& device, std::size_t bytes) noexcept {
+        Result<detail::PinnedCore::Grant> grant =
+            core_->allocate_on(bytes, 1, detail::PinnedHolder::raw, core_->node_for(device));
+        if (!grant) return grant.status();
+        return grant->pointer;
+    }
+    /// The NUMA node allocate_near(device, …) uses; -1: the backend's pinned_malloc memory.
+    int numa_node(const B& device) noexcept { return core_->node_for(device); }
+    /// Serves `device` from `node` from now on (-1: the backend's pinned_malloc memory): the
+    /// explicit configuration, for a backend whose runtime does not say (AscendBackend). A pool
+    /// without NUMA placement, or a node below -1 or past max_numa_nodes, is
+    /// Errc::invalid_argument and changes nothing.
+    Status set_numa_node(const B& device, int node) noexcept { return core_->set_node(device, node); }
+
     /// Gives back memory from allocate_raw() (or a buffer's data(): the buffer then gives back
     /// nothing). A pointer the pool does not own, or one already released, is
     /// Errc::unknown_pointer; a container's memory is Errc::invalid_argument (its allocator
@@ -67,24 +104,53 @@ public:
     /// `B::Stream` when B models AsyncBackend (a placeholder that no call accepts otherwise).
     using Stream = typename detail::PinnedStreamTypes<B>::Stream;
 
-    /// Remembers that work enqueued on `stream` reads or writes the buffer's memory. Nothing is
-    /// enqueued now: when the memory is given back, an event is recorded on every stream
-    /// recorded for it, and the block is reused (or freed) only once those events completed.
-    /// allocate() never waits for them: it takes another block. Call it after enqueuing the
-    /// work, before giving the memory back; recording a stream twice records it once.
-    /// `pool.record(*buffer, stream);` An empty buffer, or one of another pool, is
-    /// Errc::invalid_argument; a buffer whose memory was given back through release() is
-    /// Errc::unknown_pointer.
+    /// Remembers that work enqueued on `stream`, a stream of the pool's backend, reads or
+    /// writes the buffer's memory. Nothing is enqueued now: when the memory is given back, an
+    /// event is recorded on every stream recorded for it, and the block is reused (or freed)
+    /// only once those events completed. allocate() never waits for them: it takes another
+    /// block. Call it after enqueuing the work, before giving the memory back; recording a
+    /// stream twice records it once. `pool.record(*buffer, stream);` An empty buffer, or one of
+    /// another pool, is Errc::invalid_argument; a buffer whose memory was given back through
+    /// release() is Errc::unknown_pointer.
     Status record(const PinnedBuffer& buffer, Stream stream) noexcept requires AsyncBackend<B> {
-        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream);
+        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream, backend(),
+                                    false);
+    }
+
+    /// record() for a stream of `stream_backend`, another backend instance of type B (another
+    /// device's, say; the pool's own is fine too): the pool's events for that stream are made,
+    /// recorded, queried and destroyed on `stream_backend`. One event is recorded on the stream
+    /// now, which checks that the stream is `stream_backend`'s — a stream it does not know is
+    /// refused with its error (Errc::invalid_argument from the backends devstage ships), naming
+    /// the backend, and nothing is recorded — and recorded again at the release.
+    /// `stream_backend` must stay alive until forget(stream_backend) returned or the pool's core
+    /// is gone (the pool and every buffer and container of its memory).
+    /// `pool.record(*buffer, stream3, gpu3);`
+    Status record(const PinnedBuffer& buffer, Stream stream, B& stream_backend) noexcept requires AsyncBackend<B> {
+        return core_->record_buffer(buffer.core_.get(), buffer.data_, buffer.size_, buffer.id_, stream, stream_backend,
+                                    true);
     }
 
     /// record() for the live allocation starting at `pointer`: a raw allocation, a buffer's
     /// data(), or a container's memory (`vector.data()`: its block waits when the container
     /// frees it, on growth too). Anything else is Errc::unknown_pointer.
     Status record(const void* pointer, Stream stream) noexcept requires AsyncBackend<B> {
-        return core_->record(pointer, 0, stream);
+        return core_->record(pointer, 0, stream, backend(), false);
     }
+    /// record(pointer, stream) for a stream of `stream_backend` (as record(buffer, stream,
+    /// stream_backend)).
+    Status record(const void* pointer, Stream stream, B& stream_backend) noexcept requires AsyncBackend<B> {
+        return core_->record(pointer, 0, stream, stream_backend, true);
+    }
+
+    /// Lets go of `stream_backend` before it is destroyed: waits (the host blocks) for the work
+    /// recorded on its streams — an event recorded now on each stream a live allocation
+    /// recorded, and the events of pending blocks — and destroys the pool's events of it. On
+    /// success the pool makes no further call to it (until a record() names it again). A wait
+    /// that fails (synchronize() is tried next) keeps that use and is returned; nothing is
+    /// lost, and the backend must then stay alive. No other call may use `stream_backend` with
+    /// this pool meanwhile. `pool.forget(gpu3);`
+    Status forget(B& stream_backend) noexcept requires AsyncBackend<B> { return core_->forget(stream_backend); }
 
     /// Frees every cached block, first waiting for the recorded work of pending ones (the host
     /// blocks), and the retiring blocks likewise. Allocations still live stay valid: they are

@@ -45,6 +45,11 @@ struct PinnedStats {
     std::uint64_t host_waits = 0;
     /// Events the pool created; each is re-recorded for later releases.
     std::uint64_t events_created = 0;
+    /// With NUMA placement: blocks taken from the backend bound to a node (mapped, bound with
+    /// mbind, touched, then pinned with host_register), and allocations that asked for a node
+    /// the kernel refused to bind to and took the backend's pinned_malloc memory instead.
+    std::uint64_t numa_blocks = 0;
+    std::uint64_t numa_fallbacks = 0;
 };
 
 }  // namespace devstage

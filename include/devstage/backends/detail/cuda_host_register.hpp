@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: CudaBackend's existing host memory pinned in place — cudaHostRegister with
-// cudaHostRegisterPortable (pinned for every device, as the backend's own pinned memory is not)
-// and cudaHostUnregister, resolved where the runtime exports them; and how their failures map:
-// memory registered already (or overlapping a registered range) is invalid_argument, a pointer
-// never registered is unknown_pointer, as the simulator and the mock report them.
+// cudaHostRegisterPortable (pinned for every device, as the backend's pinned_malloc memory is:
+// cudaHostAllocPortable) and cudaHostUnregister, resolved where the runtime exports them; and
+// how their failures map: memory registered already (or overlapping a registered range) is
+// invalid_argument, a pointer never registered is unknown_pointer, as the simulator and the
+// mock report them. And where the device sits: its nearest host NUMA node
+// (cudaDevAttrHostNumaId) and its PCI address (cudaDeviceGetPCIBusId), for NUMA placement.
 
 #include <cstddef>
+#include <string>
 
 #include "devstage/backends/cuda_abi.hpp"
 #include "devstage/backends/detail/dynamic_library.hpp"
@@ -27,14 +30,43 @@ namespace detail {
 struct CudaHostRegisterApi {
     cudart::cudaError_t (*host_register)(void*, std::size_t, unsigned) = nullptr;
     cudart::cudaError_t (*host_unregister)(void*) = nullptr;
+    cudart::cudaError_t (*device_get_attribute)(int*, int, int) = nullptr;
+    cudart::cudaError_t (*get_pci_bus_id)(char*, int, int) = nullptr;
 
-    /// Both entry points, or neither (then every call is not_supported).
+    /// Both registration entry points, or neither (then every call is not_supported); the two
+    /// device queries each where exported.
     void resolve(const DynamicLibrary& library) noexcept {
         CudaHostRegisterApi found;
         if (library.resolve("cudaHostRegister", found.host_register).ok() &&
             library.resolve("cudaHostUnregister", found.host_unregister).ok()) {
             *this = found;
         }
+        if (!library.resolve("cudaDeviceGetAttribute", device_get_attribute).ok()) device_get_attribute = nullptr;
+        if (!library.resolve("cudaDeviceGetPCIBusId", get_pci_bus_id).ok()) get_pci_bus_id = nullptr;
+    }
+
+    /// cudaDeviceGetAttribute(cudaDevAttrHostNumaId): -1 where the system has no NUMA.
+    Result<int> host_numa_node(const CudaRuntimeErrors& errors, const CallSite& site, int device) const noexcept {
+        if (device_get_attribute == nullptr) return missing("cudaDeviceGetAttribute");
+        int node = -1;
+        if (Status s = checked_call(errors, site, "cudaDeviceGetAttribute(cudaDevAttrHostNumaId)", 0,
+                                    device_get_attribute, &node, cudart::device_attribute_host_numa_id, device);
+            !s) {
+            return s;
+        }
+        return node < 0 ? -1 : node;
+    }
+
+    /// cudaDeviceGetPCIBusId: "domain:bus:device.function", in hexadecimal.
+    Result<std::string> pci_bus_id(const CudaRuntimeErrors& errors, const CallSite& site, int device) const noexcept {
+        if (get_pci_bus_id == nullptr) return missing("cudaDeviceGetPCIBusId");
+        char id[16] = {};  // pci_bus_id_length (13) and room for a longer domain
+        if (Status s = checked_call(errors, site, "cudaDeviceGetPCIBusId", 0, get_pci_bus_id, id,
+                                    static_cast<int>(sizeof id - 1), device);
+            !s) {
+            return s;
+        }
+        return std::string(id);  // at most 15 characters: no allocation
     }
 
     /// cudaHostRegister(host, bytes, cudaHostRegisterPortable); the caller made its device current.

@@ -76,11 +76,13 @@ protected:
         return bytes;
     }
 
-    /// Precondition: mutex_ held. A cached block of exactly `capacity` with no pending work,
-    /// out of the cache.
-    std::optional<Block> take_cached(std::size_t capacity) noexcept {
+    /// Precondition: mutex_ held. A cached block of exactly `capacity` on NUMA node `node` (-1:
+    /// the backend's pinned_malloc memory) with no pending work, out of the cache.
+    std::optional<Block> take_cached(std::size_t capacity, int node) noexcept {
         const auto [first, last] = cache_.equal_range(capacity);
-        const auto found = std::find_if(first, last, [](const auto& entry) { return !entry.second.pending(); });
+        const auto found = std::find_if(first, last, [node](const auto& entry) {
+            return !entry.second.pending() && entry.second.block.node == node;
+        });
         if (found == last) return std::nullopt;
         const Block block = found->second.block;
         count(found->second, Where::cache, -1);
@@ -92,9 +94,12 @@ protected:
     /// `capacity` whose recorded work is pending, if a query (made without the lock) finds
     /// that work completed; else that block goes back and a query failure lands in `failure`
     /// (the block then counts as pending until a wait settles it).
-    std::optional<Block> take_completed(Lock& lock, std::size_t capacity, Status& failure) noexcept requires streams {
+    std::optional<Block> take_completed(Lock& lock, std::size_t capacity, int numa_node,
+                                        Status& failure) noexcept requires streams {
         const auto [first, last] = cache_.equal_range(capacity);
-        const auto found = std::find_if(first, last, [](const auto& entry) { return !entry.second.unknown; });
+        const auto found = std::find_if(first, last, [numa_node](const auto& entry) {
+            return !entry.second.unknown && entry.second.block.node == numa_node;
+        });
         if (found == last) return std::nullopt;
         count(found->second, Where::cache, -1);
         typename CacheMap::node_type node = cache_.extract(found);

@@ -3,7 +3,7 @@
 /// \file
 /// Private: the registry of a pinned pool's live allocations (PinnedRegistry, the third layer
 /// of its core): each grant by the pointer handed out, with its block, size, id, holder and the
-/// streams record() named; the grant and the forgetting of an allocation, and record().
+/// streams record() named; the grant and the unlisting of an allocation, and record().
 
 #include <algorithm>
 #include <cstddef>
@@ -45,33 +45,53 @@ public:
     using Base::Base;
     using Base::report;
 
-    /// Remembers that work enqueued on `stream` uses the live allocation at `pointer` (grant
-    /// `id`, or whichever is there when `id` is 0), so that once given back the block is reused
-    /// or freed only after that work completed. A stream already recorded is not added twice.
-    Status record(const void* pointer, std::uint64_t id, Stream stream) noexcept requires streams {
+    /// Remembers that work enqueued on `stream`, a stream of `backend`, uses the live
+    /// allocation at `pointer` (grant `id`, or whichever is there when `id` is 0), so that once
+    /// given back the block is reused or freed only after that work completed. A stream already
+    /// recorded (on the same backend) is not added twice. With `check`, an event of `backend` is
+    /// recorded on the stream now (and again at the release): a stream the backend does not
+    /// know is refused with the backend's error, and nothing is recorded.
+    Status record(const void* pointer, std::uint64_t id, Stream stream, B& backend,
+                  bool check) noexcept requires streams {
+        {
+            std::lock_guard lock(mutex_);
+            Live* live = find_live(pointer, id);
+            if (live == nullptr) return not_live(pointer);
+            if (find_use(*live, backend, stream) != nullptr) return {};
+        }
+        Use use{&backend, stream, Event{}, false, false};
+        if (check) {
+            Result<Event> event = this->take_event(backend);
+            if (!event) return refused(backend, pointer, event.status());
+            if (Status recorded = backend.record_event(*event, stream); !recorded) {
+                this->drop_event(backend, *event);
+                return refused(backend, pointer, recorded);
+            }
+            use.event = *event;
+            use.holds_event = true;
+        }
         std::lock_guard lock(mutex_);
-        const auto found = live_.find(const_cast<void*>(pointer));
-        if (found == live_.end() || (id != 0 && found->second.id != id)) {
-            return Status(Errc::unknown_pointer,
-                          message_or_empty("pinned pool record: ", pointer,
-                                           " is not a live allocation of this pool (backend '", name_, "')"));
-        }
-        Uses& uses = found->second.uses;
-        if (std::any_of(uses.begin(), uses.end(), [&stream](const Use& use) { return use.stream == stream; })) {
+        Live* live = find_live(pointer, id);
+        Status status;
+        if (live == nullptr) {
+            status = not_live(pointer);  // given back meanwhile, by another thread
+        } else if (find_use(*live, backend, stream) != nullptr) {
+            // recorded meanwhile, by another thread
+        } else if (try_host_allocation([&] { live->uses.push_back(use); })) {
             return {};
+        } else {
+            status = Status(Errc::out_of_memory,
+                            message_or_empty("pinned pool record: host memory exhausted remembering a stream of the ",
+                                             live->requested, "-byte allocation at ", pointer, " (backend '",
+                                             backend.name(), "'); nothing was recorded"));
         }
-        if (!try_host_allocation([&] { uses.push_back(Use{stream, Event{}, false}); })) {
-            return Status(Errc::out_of_memory,
-                          message_or_empty("pinned pool record: host memory exhausted remembering a stream of the ",
-                                           found->second.requested, "-byte allocation at ", pointer, " (backend '",
-                                           name_, "'); nothing was recorded"));
-        }
-        return {};
+        this->recycle(use);
+        return status;
     }
 
     /// record() of a PinnedBuffer: its memory (`data`, `bytes`, grant `id`), held from `owner`.
-    Status record_buffer(const PinnedCore* owner, const void* data, std::size_t bytes, std::uint64_t id,
-                         Stream stream) noexcept requires streams {
+    Status record_buffer(const PinnedCore* owner, const void* data, std::size_t bytes, std::uint64_t id, Stream stream,
+                         B& backend, bool check) noexcept requires streams {
         if (data == nullptr) {
             return Status(Errc::invalid_argument,
                           message_or_empty("pinned pool record: the buffer is empty (0 bytes): it holds no memory "
@@ -83,7 +103,7 @@ public:
                           message_or_empty("pinned pool record: the ", bytes, "-byte buffer at ", data,
                                            " belongs to another pool, not this one (backend '", name_, "')"));
         }
-        return record(data, id, stream);
+        return record(data, id, stream, backend, check);
     }
 
     /// True when `pointer` is the start of a live allocation (detached ones included).
@@ -124,7 +144,7 @@ protected:
     }
 
     /// Precondition: mutex_ held. Drops a live allocation from the registry and the counters.
-    void forget(typename std::unordered_map<void*, Live>::iterator found) noexcept {
+    void unlist(typename std::unordered_map<void*, Live>::iterator found) noexcept {
         const Live& live = found->second;
         --stats_.live_allocations;
         stats_.live_bytes -= live.requested;
@@ -145,8 +165,33 @@ protected:
         if (found == live_.end()) return std::nullopt;
         std::optional<Cached> entry(std::in_place, Cached{found->second.block, std::move(found->second.uses), false});
         bytes += found->second.requested;
-        forget(found);
+        unlist(found);
         return entry;
+    }
+
+    /// Precondition: mutex_ held. The live allocation at `pointer` (grant `id` unless 0).
+    Live* find_live(const void* pointer, std::uint64_t id) noexcept {
+        const auto found = live_.find(const_cast<void*>(pointer));
+        if (found == live_.end() || (id != 0 && found->second.id != id)) return nullptr;
+        return &found->second;
+    }
+    static const Use* find_use(const Live& live, const B& backend, Stream stream) noexcept {
+        for (const Use& use : live.uses) {
+            if (use.backend == &backend && use.stream == stream) return &use;
+        }
+        return nullptr;
+    }
+    Status not_live(const void* pointer) const noexcept {
+        return Status(Errc::unknown_pointer,
+                      message_or_empty("pinned pool record: ", pointer,
+                                       " is not a live allocation of this pool (backend '", name_, "')"));
+    }
+    static Status refused(const B& backend, const void* pointer, const Status& cause) noexcept {
+        return Status(cause.code(),
+                      message_or_empty("pinned pool record: recording an event on the stream failed on backend '",
+                                       backend.name(), "' (", static_cast<const void*>(&backend),
+                                       "), the backend named for the stream: ", cause.message(),
+                                       "; nothing was recorded for ", pointer));
     }
 
     std::unordered_map<void*, Live> live_;

@@ -17,6 +17,7 @@
 #include "devstage/backend.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
 #include "devstage/pinned/detail/interface.hpp"
+#include "devstage/pinned/numa.hpp"
 #include "devstage/pinned/stats.hpp"
 #include "devstage/status.hpp"
 
@@ -58,6 +59,7 @@ protected:
     struct Block {
         void* base = nullptr;      ///< what pinned_malloc returned and pinned_free gets
         std::size_t capacity = 0;  ///< its bytes
+        int node = -1;             ///< >= 0: mapped on that NUMA node and host_register'ed
     };
 
     /// The first failure of a run of frees and waits, and how many failed.
@@ -86,7 +88,17 @@ protected:
     }
 
     Status free_block(const Block& block) noexcept {
-        Status status = backend_->pinned_free(block.base);
+        Status status;
+        if constexpr (HostRegisterBackend<B>) {
+            if (block.node >= 0) {
+                status = backend_->host_unregister(block.base);
+                if (status) numa_unmap(block.base, block.capacity);
+            } else {
+                status = backend_->pinned_free(block.base);
+            }
+        } else {
+            status = backend_->pinned_free(block.base);
+        }
         {
             std::lock_guard lock(mutex_);
             ++stats_.backend_frees;

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// NUMA placement of pinned host memory (Linux): which host node is nearest a device — from
+/// the runtime where it says (a backend's host_numa_node()), else from sysfs by the device's PCI
+/// address (a backend's pci_bus_id()) — the online nodes, and binding memory to a node with
+/// mbind before its first touch, checked with get_mempolicy. Raw system calls: libnuma is not
+/// needed. The sysfs root is a parameter, so tests read a fake topology.
+/// `Result<int> node = nearest_numa_node(gpu);  // -1: no NUMA placement for it`
+
+#include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
+#if DEVSTAGE_CXX20
+
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "devstage/detail/util/message.hpp"
+#include "devstage/pinned/detail/host_memory.hpp"
+#include "devstage/status.hpp"
+
+namespace devstage {
+
+/// Optional: the runtime's answer to "which host NUMA node is nearest this device"
+/// (`b.host_numa_node()` -> Result<int>, -1 when the system has no NUMA). CudaBackend:
+/// cudaDevAttrHostNumaId.
+template <class B>
+concept NumaNodeQuery = requires(const B& cb) {
+    { cb.host_numa_node() }
+    noexcept->std::same_as<Result<int>>;
+};
+
+/// Optional: the device's PCI address (`b.pci_bus_id()` -> Result<std::string>,
+/// "dddd:bb:dd.f"), for sysfs. CudaBackend: cudaDeviceGetPCIBusId.
+template <class B>
+concept PciAddressQuery = requires(const B& cb) {
+    { cb.pci_bus_id() }
+    noexcept->std::same_as<Result<std::string>>;
+};
+
+/// A pool option (PinnedHostPool's constructor): one arena per NUMA node, each device served
+/// from its nearest node (allocate_near). Needs a HostRegisterBackend: a node's blocks are
+/// mapped, bound and touched, then pinned in place. `sysfs_root` is where the topology is read.
+struct NumaPlacement {
+    bool enabled = false;
+    std::string sysfs_root = "/sys";
+};
+
+/// The most nodes the calls below handle (the bit mask given to mbind and get_mempolicy).
+inline constexpr int max_numa_nodes = 1024;
+
+namespace detail {
+inline Result<std::string> read_sysfs(const std::string& path) noexcept {
+    std::string text;
+    bool read = false;
+    if (!try_host_allocation([&] {
+            std::ifstream in(path);
+            if (!in) return;
+            std::getline(in, text);
+            read = !in.bad();
+        })) {
+        return Status(Errc::out_of_memory, "numa: host memory exhausted reading sysfs");
+    }
+    if (!read) return Status(Errc::not_supported, message("numa: cannot read ", path));
+    return text;
+}
+}  // namespace detail
+
+/// The online nodes, from `<sysfs_root>/devices/system/node/online` ("0", "0-1,4"). A file
+/// that is missing is not_supported (no NUMA information); one that does not parse,
+/// invalid_argument, quoting it.
+inline Result<std::vector<int>> numa_online_nodes(const std::string& sysfs_root = "/sys") noexcept {
+    const std::string path = sysfs_root + "/devices/system/node/online";
+    Result<std::string> text = detail::read_sysfs(path);
+    if (!text) return text.status();
+    std::vector<int> nodes;
+    std::istringstream in(*text);
+    std::string range;
+    const auto bad = [&] {
+        return Status(Errc::invalid_argument,
+                      detail::message("numa: ", path, ": '", *text, "' is not a list of nodes"));
+    };
+    while (std::getline(in, range, ',')) {
+        int first = -1, last = -1;
+        char dash = 0, extra = 0;
+        const int fields = std::sscanf(range.c_str(), "%d%c%d%c", &first, &dash, &last, &extra);
+        if (fields == 1) last = first;
+        const bool ranged = fields == 3 && dash == '-';
+        if ((fields != 1 && !ranged) || first < 0 || last < first || last >= max_numa_nodes) return bad();
+        for (int node = first; node <= last; ++node) nodes.push_back(node);
+    }
+    if (nodes.empty()) return bad();
+    return nodes;
+}
+
+/// The NUMA node of a PCI device, from `<sysfs_root>/bus/pci/devices/<address>/numa_node`; -1
+/// when the kernel knows none (one node, or firmware that does not say). `pci_address` is
+/// "dddd:bb:dd.f" in either case (sysfs is lowercase). A device missing from sysfs is
+/// not_supported, naming the path; a malformed address or file, invalid_argument.
+inline Result<int> numa_node_of_pci(std::string_view pci_address, const std::string& sysfs_root = "/sys") noexcept {
+    std::string address(pci_address);
+    for (char& c : address) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (address.empty() || address.find_first_not_of("0123456789abcdef:.") != std::string::npos) {
+        return Status(Errc::invalid_argument,
+                      detail::message("numa: '", pci_address, "' is not a PCI address (dddd:bb:dd.f)"));
+    }
+    const std::string path = sysfs_root + "/bus/pci/devices/" + address + "/numa_node";
+    Result<std::string> text = detail::read_sysfs(path);
+    if (!text) return text.status();
+    int node = 0;
+    char extra = 0;
+    if (std::sscanf(text->c_str(), "%d %c", &node, &extra) != 1 || node < -1 || node >= max_numa_nodes) {
+        return Status(Errc::invalid_argument, detail::message("numa: ", path, ": '", *text, "' is not a node number"));
+    }
+    return node;
+}
+
+/// The host node nearest `device`: its host_numa_node() where that says (>= 0), else sysfs by
+/// its pci_bus_id(), else -1 (a backend with neither query has no placement but the one
+/// configured explicitly: PinnedHostPool::set_numa_node).
+template <class B>
+Result<int> nearest_numa_node(const B& device, const std::string& sysfs_root = "/sys") noexcept {
+    if constexpr (NumaNodeQuery<B>) {
+        Result<int> node = device.host_numa_node();
+        if (node && *node >= 0) return node;
+    }
+    if constexpr (PciAddressQuery<B>) {
+        Result<std::string> address = device.pci_bus_id();
+        if (!address) return address.status();
+        return numa_node_of_pci(*address, sysfs_root);
+    }
+    return -1;
+}
+
+/// Binds the pages of [memory, memory + bytes) (page-aligned) to `node` (MPOL_BIND), before
+/// they are first touched: pages faulted in later come from that node only. A node the kernel
+/// does not have is invalid_argument, with the errno text.
+inline Status numa_bind(void* memory, std::size_t bytes, int node) noexcept {
+    if (node < 0 || node >= max_numa_nodes) {
+        return Status(Errc::invalid_argument, detail::message("numa: node ", node, " is out of range"));
+    }
+    unsigned long mask[max_numa_nodes / (8 * sizeof(unsigned long))] = {};
+    mask[node / (8 * sizeof(unsigned long))] = 1UL << (node % (8 * sizeof(unsigned long)));
+    constexpr int mpol_bind = 2;
+    // The kernel reads maxnode - 1 bits.
+    if (syscall(SYS_mbind, memory, bytes, mpol_bind, mask, max_numa_nodes + 1, 0U) != 0) {
+        const int error = errno;
+        return Status(error == EINVAL || error == EFAULT ? Errc::invalid_argument : Errc::backend_failure,
+                      detail::message("numa: mbind of ", bytes, " bytes at ", static_cast<const void*>(memory),
+                                      " to node ", node, " failed: ", std::strerror(error)));
+    }
+    return {};
+}
+
+/// The node the memory policy of the page at `memory` binds it to (get_mempolicy with
+/// MPOL_F_ADDR): a node when the policy is MPOL_BIND or MPOL_PREFERRED to one node, -1 for the
+/// default policy (or a policy of several nodes).
+inline Result<int> numa_policy_node(const void* memory) noexcept {
+    int mode = 0;
+    unsigned long mask[max_numa_nodes / (8 * sizeof(unsigned long))] = {};
+    constexpr unsigned long mpol_f_addr = 1UL << 1;
+    if (syscall(SYS_get_mempolicy, &mode, mask, max_numa_nodes, memory, mpol_f_addr) != 0) {
+        const int error = errno;
+        return Status(Errc::invalid_argument,
+                      detail::message("numa: get_mempolicy at ", memory, " failed: ", std::strerror(error)));
+    }
+    int node = -1;
+    for (int i = 0; i < max_numa_nodes; ++i) {
+        if ((mask[i / (8 * sizeof(unsigned long))] >> (i % (8 * sizeof(unsigned long))) & 1UL) == 0) continue;
+        if (node >= 0) return -1;  // several nodes
+        node = i;
+    }
+    constexpr int mpol_preferred = 1, mpol_bind = 2;
+    return mode == mpol_bind || mode == mpol_preferred ? node : -1;
+}
+
+namespace detail {
+/// Anonymous memory for a NUMA-placed pinned block: mapped, bound to `node`, then each page
+/// touched (faulted in on that node) before the caller pins it. The length is `bytes` rounded
+/// up to pages; numa_unmap() takes the same `bytes`.
+inline Result<void*> numa_map(std::size_t bytes, int node) noexcept {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t length = (bytes + page - 1) / page * page;
+    void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) {
+        return Status(Errc::out_of_memory, message("numa: mmap of ", length, " bytes failed: ", std::strerror(errno)));
+    }
+    if (Status bound = numa_bind(memory, length, node); !bound) {
+        munmap(memory, length);
+        return bound;
+    }
+    for (std::size_t at = 0; at < length; at += page) static_cast<volatile char*>(memory)[at] = 0;
+    return memory;
+}
+inline void numa_unmap(void* memory, std::size_t bytes) noexcept {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    munmap(memory, (bytes + page - 1) / page * page);
+}
+}  // namespace detail
+
+}  // namespace devstage
+
+#endif  // DEVSTAGE_CXX20
