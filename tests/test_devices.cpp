@@ -219,12 +219,22 @@ void run_device(SimBackend& gpu, PinnedHostPool<SimBackend>& pool, std::size_t d
             }
             devstage::Result<devstage::Completion> done = stager.finish(std::move(*run), *stream);
             if (!done) return fail(done.status().message());
+            // The inputs go back to the pool before the run completed: their use by this device's
+            // stream is recorded, so the pool reuses them only once that work ran.
+            const std::vector<std::uint8_t> ids_copy(id_bytes, id_bytes + tokens),
+                pos_copy(pos_bytes, pos_bytes + tokens);
+            for (devstage::PinnedBuffer* input : {&*ids, &*positions}) {
+                if (devstage::Status recorded = pool.record(*input, *stream, gpu); !recorded) {
+                    return fail(recorded.message());
+                }
+                input->reset();
+            }
             if (devstage::Status waited = done->wait(); !waited) return fail(waited.message());
             const auto* out = static_cast<const std::uint8_t*>(logits->data());
             for (std::size_t t = 0; t < tokens; ++t) {
                 for (std::size_t j = 0; j < hidden; ++j) {
                     if (out[t * hidden + j] !=
-                        Shard::logit(d, static_cast<std::uint64_t>(step), id_bytes[t], pos_bytes[t], j)) {
+                        Shard::logit(d, static_cast<std::uint64_t>(step), ids_copy[t], pos_copy[t], j)) {
                         return fail("wrong logit at step " + std::to_string(step));
                     }
                 }
@@ -271,4 +281,6 @@ TEST_CASE("devices: 8 simulated devices stage a checked decode step over one pin
     }
     CHECK(pool.stats().cache_hits + pool.stats().cache_misses == 3 * 12 * devices);
     CHECK(pool.stats().live_allocations == 0);
+    CHECK(pool.stats().events_created >= 1);                       // the recorded uses, on every device's backend
+    for (const auto& gpu : gpus) REQUIRE(pool.forget(*gpu).ok());  // before the backends go
 }
