@@ -9,6 +9,7 @@ from ctypes import byref, c_void_p
 from . import _dtypes, _host, _lib
 from ._dtypes import dtype_name
 from ._lib import lib
+from .backend import Stream
 from .errors import check
 
 
@@ -87,8 +88,10 @@ class PinnedPool:
 
     def record(self, buffer, stream):
         """Work enqueued on `stream` uses `buffer`: once the buffer is given back, its block is
-        reused only after that work completed. Never blocks."""
-        target = self.backend.stream(stream)
+        reused only after that work completed. Never blocks. A Stream of another backend (another
+        device's) is recorded with that backend, which the pool then keeps alive."""
+        target = stream if isinstance(stream, Stream) and stream.backend is not self.backend else \
+            self.backend.stream(stream)
         check(lib.devstage_pinned_pool_record(self._pool.handle, buffer.data_ptr, target.handle))
 
     def trim(self):

@@ -38,11 +38,14 @@ def drive(np, stager, pool, device, steps):
             backend.launch_host_function(stream, kernel)
             del source, target, kernel
             done = stager.finish(run, stream=stream)
+            ids_copy = ids_host.copy()
+            pool.record(ids, stream)  # this device's stream uses it: back to the pool before the run completed
+            del ids_host, ids
             done.wait()
             done.close()
-            if not np.array_equal(np.asarray(logits), expected(np, ids_host, device, step)):
+            if not np.array_equal(np.asarray(logits), expected(np, ids_copy, device, step)):
                 return f"device {device}: wrong logits at step {step}"
-            del ids_host, ids, logits  # back to the pool
+            del logits  # back to the pool
     return None
 
 

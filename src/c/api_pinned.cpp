@@ -2,8 +2,10 @@
 // The pinned-pool entry points of the C interface: a PinnedHostPool over a C backend, handing
 // out raw pointers.
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "devstage/c/devstage.h"
@@ -80,10 +82,19 @@ devstage_status devstage_pinned_pool_free(devstage_pinned_pool* pool, void* host
 
 devstage_status devstage_pinned_pool_record(devstage_pinned_pool* pool, const void* host, devstage_stream stream) {
     return on_pool("devstage_pinned_pool_record", pool, [&](PoolState& state, PinnedPool& p) {
-        devstage_status failed = DEVSTAGE_OK;
-        StreamState* s = checked_stream("devstage_pinned_pool_record", stream, *state.backend, "a pool of ", failed);
-        if (s == nullptr) return failed;
-        return report(p.record(host, s->native));
+        StreamState* s = find<StreamState>(stream);
+        if (s == nullptr) return bad_handle<StreamState>("devstage_pinned_pool_record", stream);
+        const BackendPtr& owner = s->owner->backend;
+        if (owner.get() == state.backend.get()) return report(p.record(host, s->native));
+        // A stream of another backend (another device): its events are made on that backend,
+        // which the pool then keeps alive.
+        {
+            std::lock_guard lock(state.peers_mutex);
+            if (std::find(state.peers.begin(), state.peers.end(), owner) == state.peers.end()) {
+                state.peers.push_back(owner);
+            }
+        }
+        return report(p.record(host, s->native, *owner));
     });
 }
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -120,6 +121,10 @@ struct FrameState {
 struct PoolState {
     BackendPtr backend;  // outlives the pool
     Sink sink;
+    // The other backends whose streams the pool recorded uses on (a device each): kept alive
+    // while the pool may still query their events.
+    std::mutex peers_mutex;
+    std::vector<BackendPtr> peers;
     std::unique_ptr<PinnedPool> pool;
 };
 

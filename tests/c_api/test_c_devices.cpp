@@ -63,12 +63,17 @@ std::string drive(const Device& dev, devstage_pinned_pool* pool, int d, int step
             return last();
         devstage_completion* done = nullptr;
         if (devstage_finish_on(dev.stager, run, dev.stream, DEVSTAGE_OK, &done) != DEVSTAGE_OK) return last();
+        // The ids go back to the pool (device 0's) before the run completed, recorded with this
+        // device's stream: the pool reuses them only once that stream's work ran.
+        const std::vector<std::uint8_t> id_copy(id_bytes, id_bytes + tokens);
+        if (devstage_pinned_pool_record(pool, ids, dev.stream) != DEVSTAGE_OK) return last();
+        if (devstage_pinned_pool_free(pool, ids) != DEVSTAGE_OK) return last();
         if (devstage_completion_wait(done) != DEVSTAGE_OK) return last();
         if (devstage_completion_destroy(done) != DEVSTAGE_OK) return last();
         const auto* out = static_cast<const std::uint8_t*>(logits);
         for (std::size_t t = 0; t < tokens; ++t) {
             for (std::size_t j = 0; j < width; ++j) {
-                if (out[t * width + j] != Shard::expected(d, step, id_bytes[t], j)) {
+                if (out[t * width + j] != Shard::expected(d, step, id_copy[t], j)) {
                     return "device " + std::to_string(d) + ": wrong logit at step " + std::to_string(step);
                 }
             }

@@ -508,7 +508,9 @@ DEVSTAGE_C_API devstage_status devstage_pinned_pool_allocate(devstage_pinned_poo
  * did not hand out, or one already given back, is DEVSTAGE_UNKNOWN_POINTER. */
 DEVSTAGE_C_API devstage_status devstage_pinned_pool_free(devstage_pinned_pool* pool, void* host);
 /* Work enqueued on `stream` uses the allocation: once given back it is reused only after that
- * work completed. Never blocks. */
+ * work completed. Never blocks. `stream` may be of another backend than the pool's (another
+ * device's): its events are then made on that backend, which the pool keeps alive until it is
+ * destroyed. */
 DEVSTAGE_C_API devstage_status devstage_pinned_pool_record(devstage_pinned_pool* pool, const void* host,
                                                            devstage_stream stream);
 /* Frees the cached blocks now (waiting for their recorded work). */
