@@ -5,11 +5,16 @@
 // (bench/instructions.sh does, and divides by runs x tensors).
 //
 //   instructions MODE [tensors (default 1000)] [runs (default 10)]
-//   MODE: retained | packed | per-tensor | prefix-sum
-//         stream-retained | stream-packed: a pipelined decode loop on two slots over a backend
-//         with streams whose copies do nothing and whose events are always complete; each step
-//         binds on its own slot's host buffers (nothing shared), finishes on the stream and
-//         drops the previous step's Completion (instructions.sh reports these per step)
+//   MODE: retained | packed | mapped | per-tensor | prefix-sum
+//         stream-retained | stream-packed | stream-mapped: a pipelined decode loop on two slots
+//         over a backend with streams whose copies do nothing and whose events are always
+//         complete; each step binds on its own slot's host buffers (nothing shared), finishes on
+//         the stream and drops the previous step's Completion (instructions.sh reports these per
+//         step)
+//   "mapped": RetainedBump with MapSmall<16384> over the same backends with map_host (the
+//   device address is the host address): the args of at most 16 KiB in the mapped mirror,
+//   gathered and unpacked by the host, the larger ones copied
+//   A "-zeroed" suffix zeroes Out args (OutputPolicy::zero); without it, kernel_writes_all.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +75,16 @@ public:
     Status stream_wait_event(Stream, Event) noexcept { return {}; }
 };
 
+// The null backends with mapped pinned memory: a mapping's device address is its host address.
+template <class Base>
+class NullMapped : public Base {
+public:
+    static constexpr std::size_t host_map_alignment = 1;
+    Result<void*> map_host(void* host, std::size_t) noexcept { return host; }
+    Status unmap_host(void*) noexcept { return {}; }
+};
+static_assert(MappedHostBackend<NullMapped<NullCopyBackend>> && MappedHostBackend<NullMapped<NullAsyncBackend>>);
+
 std::vector<TensorArg> make_args(std::size_t count, std::vector<std::byte>& host) {
     host.assign(std::size_t{70} << 10, std::byte{1});
     std::vector<TensorArg> args;
@@ -78,6 +93,8 @@ std::vector<TensorArg> make_args(std::size_t count, std::vector<std::byte>& host
     }
     return args;
 }
+
+using Mapped = RetainedBump<ExactGrowth, 1024, MapSmall<>>;
 
 template <class S>
 [[gnu::noinline]] void measure_bind_finish(S& stager, const std::vector<TensorArg>& args, int runs) {
@@ -117,7 +134,7 @@ template <class S>
     stream_loop(stager, args, stream, runs);
 }
 
-template <class Strategy>
+template <class Strategy, class B = NullAsyncBackend>
 int stream_steps(std::size_t tensors, int runs, OutputPolicy outputs) {
     // Decode-step sizes: 256 B to 4 KiB, each slot's args on its own host buffer.
     std::vector<std::byte> host[2];
@@ -129,23 +146,26 @@ int stream_steps(std::size_t tensors, int runs, OutputPolicy outputs) {
                 TensorArg{host[s].data() + (i << 12), 256 + (i * 997) % 3841, static_cast<Direction>(i % 3)});
         }
     }
-    NullAsyncBackend backend;
-    Stager<NullAsyncBackend, Strategy> stager(backend, Strategy{}, 2);
+    B backend;
+    Stager<B, Strategy> stager(backend, Strategy{}, 2);
     stager.set_output_policy(outputs);
     const NullAsyncBackend::Stream stream{1};
     stream_loop(stager, args, stream, 2);  // outside the collection: a first step on each slot grows it
     measure_stream_steps(stager, args, stream, runs);
+    // A mapping backend: every run mapped (else this counted the copying path).
+    if (MappedHostBackend<B> && stager.stats().mapped_runs != stager.stats().runs) return 1;
     return 0;
 }
 
-template <class Strategy>
+template <class Strategy, class B = NullCopyBackend>
 int stage(const std::vector<TensorArg>& args, int runs, OutputPolicy outputs) {
-    NullCopyBackend backend;
-    Stager<NullCopyBackend, Strategy> stager(backend);
+    B backend;
+    Stager<B, Strategy> stager(backend);
     stager.set_output_policy(outputs);
     auto first = stager.bind(args);  // outside the collection: the first run grows
     if (!first || !stager.finish(std::move(*first))) return 1;
     measure_bind_finish(stager, args, runs);
+    if (MappedHostBackend<B> && stager.stats().mapped_runs != stager.stats().runs) return 1;
     return 0;
 }
 }  // namespace
@@ -166,19 +186,20 @@ int main(int argc, char** argv) {
     }
     if (mode == "retained") return stage<RetainedBump<>>(args, runs, outputs);
     if (mode == "packed") return stage<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(args, runs, outputs);
+    if (mode == "mapped") return stage<Mapped, NullMapped<NullCopyBackend>>(args, runs, outputs);
     if (mode == "per-tensor") return stage<PerTensorMalloc<>>(args, runs, outputs);
     if (mode == "stream-retained") return stream_steps<RetainedBump<>>(tensors, runs, outputs);
     if (mode == "stream-packed") {
         return stream_steps<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(tensors, runs, outputs);
     }
+    if (mode == "stream-mapped") return stream_steps<Mapped, NullMapped<NullAsyncBackend>>(tensors, runs, outputs);
     if (mode == "prefix-sum") {
         std::vector<std::size_t> offsets(args.size());
         measure_prefix_sum(args, offsets, runs);
         return 0;
     }
-    std::fprintf(
-        stderr,
-        "usage: instructions retained|packed|per-tensor|prefix-sum|stream-retained|stream-packed[-zeroed] [tensors] "
-        "[runs]\n");
+    std::fprintf(stderr,
+                 "usage: instructions retained|packed|mapped|per-tensor|prefix-sum|stream-retained|stream-packed|"
+                 "stream-mapped[-zeroed] [tensors] [runs]\n");
     return 2;
 }

@@ -121,36 +121,52 @@ w("The same work counted in instructions, which (unlike a clock) do not depend o
   "tensor with g++ -O2; the meson test `instructions_per_tensor` (suite `perf`, g++ builds without "
   "sanitizers where valgrind is installed) fails above it.\n")
 if instructions:
-    w("| strategy | instructions per tensor | / prefix sum |")
-    w("| --- | ---: | ---: |")
+    w("Each strategy once with Out args left as they are (`OutputPolicy::kernel_writes_all`) and once zeroed "
+      "(`OutputPolicy::zero`, the default); the null backends have no device memset, so zeroing is an upload of "
+      "zeros per Out arg, or, packed or mapped, a host memset of the mirror's Out group carried by the packed "
+      "upload. `MapSmall<16384>` runs over the same null backends with `map_host` (a mapping's device address is "
+      "its host address); every counted run was mapped.\n")
+    w("| strategy | `kernel_writes_all` | zeroed (the default) | zeroing adds | `kernel_writes_all` / prefix sum |")
+    w("| --- | ---: | ---: | ---: | ---: |")
     prefix = instructions.get("prefix-sum")
-    labels = {"retained": "RetainedBump", "packed": "RetainedBump + PackSmall<16384> (the host copies into and out of the mirror included)",
-              "per-tensor": "PerTensorMalloc (glibc's aligned_alloc and free included)", "prefix-sum": "prefix sum of the aligned sizes",
-              "retained-zeroed": "RetainedBump, Out args zeroed (`OutputPolicy::zero`: uploads of zeros, the null backend has no memset)",
-              "packed-zeroed": "RetainedBump + PackSmall<16384>, Out args zeroed"}
+    labels = {"retained": "RetainedBump",
+              "packed": "RetainedBump + PackSmall<16384> (the host copies into and out of the mirror included)",
+              "mapped": "RetainedBump + MapSmall<16384> (the same host copies; nothing uploaded or copied back)",
+              "per-tensor": "PerTensorMalloc (glibc's aligned_alloc and free included)",
+              "prefix-sum": "prefix sum of the aligned sizes"}
     for mode, label in labels.items():
         if mode in instructions:
-            ratio = f"{instructions[mode] / prefix:.1f}x" if prefix else "—"
-            w(f"| {label} | {instructions[mode]:.1f} | {ratio} |")
+            plain = instructions[mode]
+            zeroed = instructions.get(mode + "-zeroed")
+            ratio = f"{plain / prefix:.1f}x" if prefix else "—"
+            z = f"{zeroed:.1f}" if zeroed is not None else "—"
+            added = f"{zeroed - plain:.1f}" if zeroed is not None else "—"
+            w(f"| {label} | {plain:.1f} | {z} | {added} | {ratio} |")
     if "retained" in instructions:
         r = instructions["retained"]
+        zeroed = instructions.get("retained-zeroed")
+        with_zeroing = f": with the default zeroing it is {zeroed:.1f}" if zeroed is not None else ""
         w(f"\nGoal in this run: RetainedBump costs {r:.1f} instructions per tensor "
-          f"({'met' if r <= 60 else 'not met'}: the goal is at most 60, {compiler} -O2).\n")
-    steps = [(label, instructions[mode]) for mode, label in
+          f"({'met' if r <= 60 else 'not met'}: the goal is at most 60, {compiler} -O2; the goal and the meson "
+          f"test are on the `kernel_writes_all` path{with_zeroing}).\n")
+    steps = [(label, instructions[mode], instructions.get(mode.replace("-per-step", "-zeroed-per-step")))
+             for mode, label in
              (("stream-retained-per-step", "RetainedBump"), ("stream-packed-per-step", "RetainedBump + PackSmall<16384>"),
-              ("stream-retained-zeroed-per-step", "RetainedBump, Out args zeroed"),
-              ("stream-packed-zeroed-per-step", "RetainedBump + PackSmall<16384>, Out args zeroed"))
+              ("stream-mapped-per-step", "RetainedBump + MapSmall<16384>"))
              if mode in instructions]
     if steps:
         w("Per step of a pipelined stream loop (bench/instructions.cpp `stream-*`): 16 tensors of 256 B to 4 KiB "
           "per step, two slots on one stream over a backend whose copies do nothing and whose events are always "
           "complete, each slot's steps on host buffers of its own (nothing shared between runs in flight), the "
           "previous step's Completion dropped after the next step is finished; 1000 steps.\n")
-        w("| strategy | instructions per step |")
-        w("| --- | ---: |")
-        for label, value in steps:
-            w(f"| {label} | {value:.1f} |")
-        w("")
+        w("| strategy | `kernel_writes_all` | zeroed (the default) | zeroing adds |")
+        w("| --- | ---: | ---: | ---: |")
+        for label, value, zeroed in steps:
+            z = f"{zeroed:.1f}" if zeroed is not None else "—"
+            added = f"{zeroed - value:.1f}" if zeroed is not None else "—"
+            w(f"| {label} | {value:.1f} | {z} | {added} |")
+        w("\nEvery tensor of this loop is packed (or mapped), so zeroing there is a host memset of each step's Out "
+          "group in the mirror.\n")
 else:
     w("Not measured in this run (valgrind or the `instructions` executable was missing).\n")
 
@@ -321,8 +337,12 @@ if ring_rows:
             w(f"| {name} | " + " | ".join(cells) + f" | {chunks} | {cpu} |")
         w("")
 
-w("\n## On a GPU: bench/gpu\n")
-w("None of the numbers above come from a GPU. `bench/gpu/run.sh` measures on one: it builds `gpu_bench` here (`bench/gpu/run.sh --build-only`: libstdc++ linked in statically, the CUDA runtime loaded at run time, a copy of libcudart.so.13 carried next to it) and, on a CUDA machine, runs in a few minutes and prints one table with the GPU's model, the driver, the runtime and the date. What it measures, each way's bytes checked in one step before it is timed: the small decode step (4 In + 1 Out, 330 KB) and the Qwen3 set (examples/qwen3_decode.hpp) staged synchronously, stream-ordered on 1 and 2 pipeline slots, with PackSmall, through an in-place frame, and with the copies batched (`cudaMemcpyBatchAsync`, where the runtime has it) or one call per copy; beside them the raw limits through the same backend (`cudaMemcpy` per tensor, `cudaMemcpyAsync` per tensor + one wait, one packed copy each way, one batch each way); PyTorch's `non_blocking` copies of the same sets where `torch` is importable (bench/gpu/torch_copies.py); and a 1 GiB pageable upload directly, through the pageable ring at 0, 1, 2, 4 and 8 copy threads, and from pinned memory. bench/gpu/README.md has the options and the columns. No GPU figure is recorded here yet.")
+w("\n## NVIDIA H200: bench/gpu (unmeasured)\n")
+w("**No GPU figure is recorded here: no device was available, so `bench/gpu/run.sh` has not been run on an H200, its mapped rows included.** None of the numbers above come from a GPU. The program builds and runs end to end here against the CUDA stand-in the tests build, whose \"device\" is host memory and whose times mean nothing.\n")
+w("The goals on an H200:\n")
+w("- the small decode step (4 In + 1 Out, 330 KB) staged as an in-place frame at most 1.10x the raw packed copies (one H2D + one D2H + one wait), the packed-copy limit;\n- the mapped row below that limit: `MapSmall<262144>` (every tensor of the small step in the stager's mapped pinned mirror, no copy call) plus the bytes a kernel reads and writes there, timed at the pinned copy rate measured in the same run, below 1.00x the raw packed copies. No kernel runs in the bench, so the mapped rows' times are the staging alone and the program adds the mapped bytes' link time to them (bench/gpu/README.md);\n- a 1 GiB pageable upload through the pageable ring at 20 GB/s or more.\n")
+w("What it measures, each way's bytes checked in one step before it is timed: the small decode step and the Qwen3 set (examples/qwen3_decode.hpp) staged synchronously, stream-ordered on 1 and 2 pipeline slots, with PackSmall, with MapSmall (`CudaBackend::map_host`, `cudaHostGetDevicePointer`), through an in-place frame, and with the copies batched (`cudaMemcpyBatchAsync`, where the runtime has it) or one call per copy; beside them the raw limits through the same backend (`cudaMemcpy` per tensor, `cudaMemcpyAsync` per tensor + one wait, one packed copy each way, one batch each way); PyTorch's `non_blocking` copies of the same sets where `torch` is importable (bench/gpu/torch_copies.py); and a 1 GiB pageable upload directly, through the pageable ring at 0, 1, 2, 4 and 8 copy threads, and from pinned memory.\n")
+w("How to run it: `bench/gpu/run.sh --build-only` here (libstdc++ linked in statically, the CUDA runtime loaded at run time, a copy of libcudart.so.13 carried next to it), then `bench/gpu/run.sh` on the GPU machine with `bench/gpu/build/` copied along; it runs in a few minutes and prints the GPU's model, the driver, the runtime and the date, the tables, the ratios and the goal lines. Without a GPU it exits with 77; `DEVSTAGE_CUDART_LIBRARY=$PWD/build/tests/libcudart_shim.so bench/gpu/build/gpu_bench --steps 100 --set-steps 10 --scale 0.002 --scale-steps 2` runs it against the stand-in. bench/gpu/README.md has the options and the columns.\n")
 w("\n## Reproduce\n")
 w("`./dev bench` (builds with `--buildtype=release` in build-bench/, runs the benchmarks and, where "
   "valgrind is installed, the instruction counts, then rewrites this page and the plots). Extra "

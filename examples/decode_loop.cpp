@@ -9,13 +9,18 @@
 // device allocations and copies each strategy made, and on the simulator what its copies cost
 // on two modeled links against the limit of one copy each way.
 //
-//   decode_loop [--steps N] [--scale S] [--strategy all|both|retained|per-tensor|packed]
+//   decode_loop [--steps N] [--scale S] [--strategy all|both|retained|per-tensor|packed|mapped]
 //               [--async|--sync] [--pageable] [--backend sim|ascend] [--link both|h200|ascend]
-// --strategy both is PerTensorMalloc and RetainedBump; all adds RetainedBump with PackSmall.
+// --strategy both is PerTensorMalloc and RetainedBump; all adds RetainedBump with PackSmall
+// and, on the simulator, RetainedBump with MapSmall (mapped: that one alone), whose kernel
+// reads the 4 inputs in the stager's mapped pinned mirror: no copy in. The simulator's link
+// model charges those reads (SimBackend::launch_kernel), and the run fails unless each step
+// made no copy in, one copy out (the logits, above the limit) and read the inputs mapped.
 // --async (the default on a backend with streams) binds and finishes each step on a stream
-// over two pipeline slots; the kernel stand-in is a host function on that stream where the
-// backend has them (the simulator), and otherwise (Ascend) runs on the host once the bind's
-// uploads completed. --sync binds and finishes synchronously, one step at a time.
+// over two pipeline slots; the kernel stand-in is a kernel launched with its accesses
+// (launch_kernel) on that stream on the simulator, and otherwise (Ascend) runs on the host once
+// the bind's uploads completed. --sync binds and finishes synchronously, one step at a time
+// (on the simulator the kernel is launched on a stream of its own and waited for).
 // --pageable puts the step's inputs and logits in pageable host memory instead of pinned.
 // --link chooses the simulator's link models (SimLinkModel::h200(), ascend_a2a3()).
 // --backend ascend runs on Ascend device 0 through CANN ACL (libascendcl.so, or
@@ -46,6 +51,8 @@
 namespace {
 
 using PackedBump = devstage::RetainedBump<devstage::ExactGrowth, 1024, devstage::PackSmall<>>;
+using MappedBump = devstage::RetainedBump<devstage::ExactGrowth, 1024, devstage::MapSmall<>>;
+static_assert(devstage::MapSmall<>::limit == devstage::PackSmall<>::limit);
 using Args = std::array<devstage::TensorArg, decode::arg_count>;
 
 struct Options {
@@ -66,11 +73,11 @@ struct Link {
     devstage::SimLinkModel model;
 };
 
-// The counters at one point of the loop: the stager's, and the simulator's modeled link time
-// and bounced bytes.
+// The counters at one point of the loop: the stager's, and the simulator's modeled link time,
+// bounced bytes and the bytes kernels read and wrote in mapped host memory.
 struct Sample {
     devstage::StagerStats stager;
-    std::uint64_t modeled_ns = 0, bounced = 0;
+    std::uint64_t modeled_ns = 0, bounced = 0, mapped_read = 0, mapped_written = 0;
 };
 
 // A counter's smallest and largest value over the steady steps.
@@ -88,6 +95,9 @@ struct Report {
     const char* strategy = "";
     int warmup = 1;  // the first step of each pipeline slot: it allocates
     PerStep mallocs, frees, copies_in, copies_out, zeroing, modeled_ns, bounced;
+    PerStep bytes_in, bytes_out;                                               // the stager's copies, each way
+    PerStep mapped_runs, mapped_read, mapped_written;                          // the kernel's accesses to mapped memory
+    PerStep mapped_ns;                                                         // their modeled cost, in modeled_ns too
     std::uint64_t warmup_mallocs = 0, warmup_buffers = 0, warmup_retries = 0;  // over the warm-up steps
     std::uint64_t limit_ns = 0;     // one copy each way of the step's bytes, on the link
     std::uint64_t resident_ns = 0;  // the one upload of the resident tensors, on the link
@@ -107,7 +117,8 @@ std::uint64_t modeled_ns(const B& backend) {
 template <class B, class Strategy>
 Sample sample(const B& backend, const devstage::Stager<B, Strategy>& stager) {
     if constexpr (std::is_same_v<B, devstage::SimBackend>) {
-        return Sample{stager.stats(), backend.stats().modeled_ns, backend.stats().bounced_bytes};
+        const devstage::SimStats& sim = backend.stats();
+        return Sample{stager.stats(), sim.modeled_ns, sim.bounced_bytes, sim.mapped_read_bytes, sim.mapped_write_bytes};
     } else {
         return Sample{stager.stats()};
     }
@@ -124,8 +135,10 @@ devstage::Status out_of_range() {
 }
 
 // The kernel stand-in: decode::step on a run's device args. Where the host can read device
-// memory (the simulator) it runs on that memory. Elsewhere it copies the tensors step() reads
-// to the host, runs there, and copies back what step() wrote: the KV cache and the logits.
+// memory (the simulator) it runs on that memory, mapped host memory included, and is launched
+// with what it touches: every arg, read where it is uploaded and written where it is copied
+// back, as its direction says. Elsewhere it copies the tensors step() reads to the host, runs
+// there, and copies back what step() wrote: the KV cache and the logits.
 template <class B>
 class Kernel {
 public:
@@ -134,6 +147,10 @@ public:
     // The run's device args (the same sizes every step).
     void bind(std::span<const devstage::TensorArg> device_args) {
         std::copy(device_args.begin(), device_args.end(), args_.begin());
+        for (std::size_t i = 0; i < args_.size(); ++i) {
+            accesses_[i] = devstage::KernelAccess{args_[i].data, args_[i].bytes, devstage::uploads(args_[i].direction),
+                                                  devstage::copies_back(args_[i].direction)};
+        }
         if constexpr (!host_addressable<B>) {
             for (std::size_t i : read) scratch_[i].resize(args_[i].bytes);
             scratch_[decode::logits].resize(args_[decode::logits].bytes);
@@ -163,6 +180,16 @@ public:
         auto* kernel = static_cast<Kernel*>(self);
         kernel->status_ = kernel->run();
     }
+    // Enqueues run() on `stream`: with its accesses where the backend takes them (the simulator
+    // charges the mapped ones to its link model), else as a plain host function.
+    template <class Stream>
+    devstage::Status launch(Stream stream) noexcept {
+        if constexpr (devstage::KernelAccessBackend<B>) {
+            return backend_->launch_kernel(stream, &Kernel::on_stream, this, accesses_);
+        } else {
+            return backend_->launch_host_func(stream, &Kernel::on_stream, this);
+        }
+    }
     const devstage::Status& status() const { return status_; }
     void set_status(devstage::Status status) { status_ = std::move(status); }
 
@@ -173,6 +200,7 @@ private:
     static constexpr std::array<std::size_t, 3> written{decode::key_cache, decode::value_cache, decode::logits};
     B* backend_;
     Args args_{};
+    std::array<devstage::KernelAccess, decode::arg_count> accesses_{};
     std::array<std::vector<std::byte>, decode::arg_count> scratch_;
     devstage::Status status_;
 };
@@ -328,7 +356,7 @@ bool run_steps(const Host& host, B& backend, std::vector<Kernel<B>>& kernels, st
                     kernel.bind(run->device_args());
                     devstage::Status launched;
                     if constexpr (devstage::HostFunctionBackend<B>) {
-                        launched = backend.launch_host_func(*stream, &Kernel<B>::on_stream, &kernel);
+                        launched = kernel.launch(*stream);
                     } else {
                         launched = backend.record_event(*bound, *stream);
                         if (launched) launched = backend.synchronize_event(*bound);
@@ -352,6 +380,32 @@ bool run_steps(const Host& host, B& backend, std::vector<Kernel<B>>& kernels, st
             return ok;
         }
     }
+    // Where kernels are launched with their accesses (the simulator), the kernel runs on a
+    // stream of its own and the host waits for it; elsewhere it runs on the host.
+    struct KernelStream {
+        B& backend;
+        std::optional<devstage::Result<typename B::Stream>> stream;
+        ~KernelStream() {
+            if (stream && *stream) (void)backend.destroy_stream(**stream);
+        }
+    } kernel_stream{backend, std::nullopt};
+    if constexpr (devstage::KernelAccessBackend<B>) {
+        kernel_stream.stream.emplace(backend.create_stream());
+        if (!*kernel_stream.stream) return succeeded(failure, "create_stream", 0, kernel_stream.stream->status());
+    }
+    const auto execute = [&](Kernel<B>& kernel) -> devstage::Status {
+        if constexpr (devstage::KernelAccessBackend<B>) {
+            if (auto launched = kernel.launch(**kernel_stream.stream); !launched) return launched;
+            if (auto waited = backend.synchronize(); !waited) return waited;
+            return kernel.status();
+        } else {
+            devstage::Status executed = kernel.run();
+            if constexpr (devstage::SynchronizingBackend<B>) {
+                if (executed) executed = backend.synchronize();
+            }
+            return executed;
+        }
+    };
     devstage::Stager<B, Strategy> stager(backend);
     record(stager);
     for (int step = 0; step < host.options.steps; ++step) {
@@ -361,10 +415,7 @@ bool run_steps(const Host& host, B& backend, std::vector<Kernel<B>>& kernels, st
         if (!passed_through(run->device_args(), host.slots[0]))
             return fail(failure, "bind moved a Placement::Device arg");
         kernels[0].bind(run->device_args());
-        devstage::Status executed = kernels[0].run();
-        if constexpr (devstage::SynchronizingBackend<B>) {
-            if (executed) executed = backend.synchronize();
-        }
+        const devstage::Status executed = execute(kernels[0]);
         const devstage::Status finished = stager.finish(std::move(*run), executed);
         if (!succeeded(failure, "kernel", step, executed) || !succeeded(failure, "finish", step, finished) ||
             !check(step)) {
@@ -416,6 +467,21 @@ bool run_strategy(const Host& host, B& backend, Report& report, std::string& fai
         report.zeroing.add(b.zeroing_calls - a.zeroing_calls);
         report.modeled_ns.add(samples[k].modeled_ns - samples[k - 1].modeled_ns);
         report.bounced.add(samples[k].bounced - samples[k - 1].bounced);
+        report.bytes_in.add(b.bytes_to_device - a.bytes_to_device);
+        report.bytes_out.add(b.bytes_from_device - a.bytes_from_device);
+        report.mapped_runs.add(b.mapped_runs - a.mapped_runs);
+        const std::uint64_t read = samples[k].mapped_read - samples[k - 1].mapped_read;
+        const std::uint64_t written = samples[k].mapped_written - samples[k - 1].mapped_written;
+        report.mapped_read.add(read);
+        report.mapped_written.add(written);
+        if (report.link != nullptr) {
+            // As the simulator charges them: bytes at the pinned rate, no call's latency.
+            const auto over_link = [](const devstage::SimLinkCost& cost, std::uint64_t bytes) {
+                return bytes == 0 ? 0 : cost.nanoseconds(bytes) - cost.latency_ns;
+            };
+            report.mapped_ns.add(over_link(report.link->model.to_device_pinned, read) +
+                                 over_link(report.link->model.from_device_pinned, written));
+        }
     }
 
     for (std::size_t i : {decode::key_cache, decode::value_cache}) {
@@ -431,6 +497,48 @@ bool run_strategy(const Host& host, B& backend, Report& report, std::string& fai
         }
     }
     return true;
+}
+
+std::string per_step(const PerStep& p, double scale = 1) {
+    const auto round = [scale](std::uint64_t v) {
+        return std::to_string(std::llround(static_cast<double>(v) / scale));
+    };
+    if (round(p.low) == round(p.high)) return round(p.low);
+    return round(p.low) + "-" + round(p.high);
+}
+std::string us(std::uint64_t ns) {
+    return std::to_string(std::llround(static_cast<double>(ns) / 1e3));
+}
+// Microseconds to two decimals: the cost of a few KB over the link is a fraction of one.
+std::string fine_us(const PerStep& p) {
+    const auto text = [](std::uint64_t ns) {
+        char out[32];
+        std::snprintf(out, sizeof out, "%.2f", static_cast<double>(ns) / 1e3);
+        return std::string(out);
+    };
+    return p.low == p.high ? text(p.low) : text(p.low) + "-" + text(p.high);
+}
+
+// The bytes of the step's 4 inputs.
+constexpr std::size_t input_total =
+    decode::input_bytes[0] + decode::input_bytes[1] + decode::input_bytes[2] + decode::input_bytes[3];
+
+// What the RetainedBump+map run must show every steady step: the kernel read the 4 inputs in
+// the mapped mirror (one mapped run, their bytes read mapped, nothing written there), none was
+// copied in, and the only copy out was the logits (above the map limit, in the device buffer).
+// False, having said which counter differs, otherwise.
+bool mapped_in_place(const Report& r, std::string& failure) {
+    const auto exactly = [&](const char* what, const PerStep& p, std::uint64_t want) {
+        if (p.low == want && p.high == want) return true;
+        return fail(failure, std::string("RetainedBump+map") +
+                                 (r.link ? std::string(" on the ") + r.link->name + " link" : "") + ": " + what +
+                                 " per step were " + per_step(p) + ", not " + std::to_string(want));
+    };
+    return exactly("mapped runs", r.mapped_runs, 1) && exactly("copies in", r.copies_in, 0) &&
+           exactly("bytes copied in", r.bytes_in, 0) && exactly("copies out", r.copies_out, 1) &&
+           exactly("bytes copied out", r.bytes_out, decode::logits_bytes) &&
+           exactly("mapped bytes the kernel read", r.mapped_read, input_total) &&
+           exactly("mapped bytes the kernel wrote", r.mapped_written, 0);
 }
 
 // The model's host tensors and the step buffers, in `storage`; then every strategy chosen.
@@ -486,6 +594,12 @@ bool run_strategies(const Options& options, B& backend, Storage& storage, const 
     if (s == "all" || s == "both" || s == "per-tensor") ok = ok && go(devstage::PerTensorMalloc<>{}, "PerTensorMalloc");
     if (s == "all" || s == "both" || s == "retained") ok = ok && go(devstage::RetainedBump<>{}, "RetainedBump");
     if (s == "all" || s == "packed") ok = ok && go(PackedBump{}, "RetainedBump+pack");
+    if constexpr (host_addressable<B>) {  // the kernel stand-in reads mapped memory in place
+        if (s == "all" || s == "mapped") {
+            ok = ok && go(MappedBump{}, "RetainedBump+map");
+            ok = ok && mapped_in_place(reports.back(), failure);
+        }
+    }
     return ok;
 }
 
@@ -499,17 +613,6 @@ bool run_backend(const Options& options, B& backend, const Link* link, std::vect
     devstage::PinnedHostPool<B> pool(backend);
     qwen3::PinnedStorage pinned(pool);
     return run_strategies(options, backend, pinned, link, reports, failure);
-}
-
-std::string per_step(const PerStep& p, double scale = 1) {
-    const auto round = [scale](std::uint64_t v) {
-        return std::to_string(std::llround(static_cast<double>(v) / scale));
-    };
-    if (round(p.low) == round(p.high)) return round(p.low);
-    return round(p.low) + "-" + round(p.high);
-}
-std::string us(std::uint64_t ns) {
-    return std::to_string(std::llround(static_cast<double>(ns) / 1e3));
 }
 
 void print_header(const Options& options, const char* backend, bool host_functions) {
@@ -553,8 +656,8 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
     } else {
         std::snprintf(title, sizeof title, "per step, steps %d-%d", warmup + 1, options.steps);
     }
-    std::printf("\n%-24s %14s %6s %10s %11s %8s %11s %9s\n", title, "device mallocs", "frees", "copies in",
-                "copies out", "zeroing", "modeled us", "limit us");
+    std::printf("\n%-24s %14s %6s %10s %11s %8s %11s %10s %9s\n", title, "device mallocs", "frees", "copies in",
+                "copies out", "zeroing", "modeled us", "mapped us", "limit us");
     const Link* section = nullptr;
     for (const Report& r : reports) {
         if (r.link != nullptr && r.link != section) {
@@ -562,19 +665,25 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
             std::printf("%s link (SimLinkModel::%s())\n", r.link->name, r.link->preset);
         }
         const bool modeled = r.link != nullptr;
-        std::printf("  %-22s %14s %6s %10s %11s %8s %11s %9s\n", r.strategy, per_step(r.mallocs).c_str(),
+        std::printf("  %-22s %14s %6s %10s %11s %8s %11s %10s %9s\n", r.strategy, per_step(r.mallocs).c_str(),
                     per_step(r.frees).c_str(), per_step(r.copies_in).c_str(), per_step(r.copies_out).c_str(),
                     per_step(r.zeroing).c_str(), modeled ? per_step(r.modeled_ns, 1e3).c_str() : "-",
-                    modeled ? us(r.limit_ns).c_str() : "-");
+                    modeled ? fine_us(r.mapped_ns).c_str() : "-", modeled ? us(r.limit_ns).c_str() : "-");
     }
     if (reports.front().link != nullptr) {
         std::printf(
             "Bounced per step (staged through the simulator's bounce buffer, as a driver stages pageable\n  memory):");
+        std::size_t column = 10;
         for (const Report& r : reports) {
-            if (r.link == reports.front().link) {
-                std::printf("%s %s B for %s", &r == &reports.front() ? "" : ",", per_step(r.bounced).c_str(),
-                            r.strategy);
+            if (r.link != reports.front().link) continue;
+            const std::string item =
+                std::string(&r == &reports.front() ? "" : ",") + " " + per_step(r.bounced) + " B for " + r.strategy;
+            if (column + item.size() > 100) {
+                std::printf(",\n ");
+                column = 1;
             }
+            std::printf("%s", column == 1 ? item.c_str() + 1 : item.c_str());
+            column += item.size();
         }
         std::printf(".\n");
         std::printf(
@@ -582,8 +691,10 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
             "  (OutputPolicy::zero, the default: a byte the kernel leaves unwritten never holds another step's\n"
             "  data); each is one device memset, modeled at one call's latency.\n"
             "Modeled us: what the step's copies would cost on the link (SimStats::modeled_ns; nothing sleeps);\n"
-            "  the limit is one copy each way of the step's bytes. The wall time is not shown: the simulator's\n"
-            "  device memory is this machine's RAM.\n");
+            "  mapped us, included in it: the kernel's reads and writes of mapped host memory, charged as bytes\n"
+            "  over the link at the pinned rate with no call's latency (SimBackend::launch_kernel); the limit\n"
+            "  is one copy each way of the step's bytes. The wall time is not shown: the simulator's device\n"
+            "  memory is this machine's RAM.\n");
     } else {
         std::printf(
             "\nThe copies are the stager's; the kernel stand-in's own copies (it cannot read device memory from\n"
@@ -637,6 +748,27 @@ void print_summary(const Options& options, const std::vector<Report>& reports) {
         }
         std::printf(".\n");
     }
+    if (const Report* mapped = find("RetainedBump+map", links.front()); mapped != nullptr) {
+        std::printf(
+            "RetainedBump+map (MapSmall<16384>): the kernel reads the 4 inputs (%zu B) in the stager's pinned\n"
+            "  mirror, mapped for the device: %s copies in and %s out (the logits, above the limit) per step",
+            input_total, per_step(mapped->copies_in).c_str(), per_step(mapped->copies_out).c_str());
+        for (const Link* link : links) {
+            const Report* m = find("RetainedBump+map", link);
+            if (link == nullptr || m == nullptr) continue;
+            std::printf(";\n  %s us on the %s link, %s us of it the mapped reads (the limit: %s us)",
+                        per_step(m->modeled_ns, 1e3).c_str(), link->name, fine_us(m->mapped_ns).c_str(),
+                        us(m->limit_ns).c_str());
+        }
+        std::printf(
+            ".\n  The logits are still zeroed on the device before the kernel and copied back: a zeroing call\n"
+            "  and one copy's latency remain.\n");
+    }
+    if (options.strategy == "all" && options.backend != "sim") {
+        std::printf(
+            "RetainedBump+map is not run here: the kernel stand-in reads device memory through copies, and\n"
+            "  a mapped device address is for kernels only (the simulator runs it).\n");
+    }
     if (links.front() != nullptr) {
         std::printf("Uploading the 14 resident tensors every step instead would add 14 copies to each step, and\n ");
         for (const Link* link : links) {
@@ -676,8 +808,8 @@ std::string parse(int argc, char** argv, Options& o) {
             if (value.empty() || rest != end || !(o.scale > 0 && o.scale <= 1))
                 return "--scale takes a number above 0 and at most 1, not '" + value + "'";
         } else if (arg == "--strategy") {
-            if (!one_of(value, {"all", "both", "retained", "per-tensor", "packed"}))
-                return "--strategy is all, both, retained, per-tensor or packed, not '" + value + "'";
+            if (!one_of(value, {"all", "both", "retained", "per-tensor", "packed", "mapped"}))
+                return "--strategy is all, both, retained, per-tensor, packed or mapped, not '" + value + "'";
             o.strategy = value;
         } else if (arg == "--backend") {
             if (!one_of(value, {"sim", "ascend"})) return "--backend is sim or ascend, not '" + value + "'";
@@ -690,6 +822,10 @@ std::string parse(int argc, char** argv, Options& o) {
     }
     if (o.link && o.backend != "sim")
         return "--link chooses the simulator's link model; --backend " + o.backend + " has a real link";
+    if (o.strategy == "mapped" && o.backend != "sim")
+        return "--strategy mapped runs on the simulator only: the kernel stand-in cannot read mapped memory on "
+               "--backend " +
+               o.backend;
     return {};
 }
 
@@ -728,7 +864,8 @@ int main(int argc, char** argv) {
                 "  --steps N         decode steps of each run, 3 to 100000 (default 30)\n"
                 "  --scale S         the rows the stacked layers and RoPE tables keep, 0 < S <= 1 (default 0.002)\n"
                 "  --strategy NAME   all (the default), both (PerTensorMalloc and RetainedBump), retained,\n"
-                "                    per-tensor or packed (RetainedBump with PackSmall)\n"
+                "                    per-tensor, packed (RetainedBump with PackSmall) or mapped (RetainedBump\n"
+                "                    with MapSmall, on the simulator only; all includes it there)\n"
                 "  --async, --sync   stream-ordered over 2 pipeline slots (the default where the backend has\n"
                 "                    streams), or one step at a time\n"
                 "  --pageable        the step's inputs and logits in pageable host memory (default: pinned)\n"

@@ -2,7 +2,9 @@
 // devstage on an NVIDIA GPU through CudaBackend, all in one process:
 //  1. one decode step staged each way devstage offers — synchronous, stream-ordered on 1 and 2
 //     pipeline slots, one call per copy or the copies batched (cudaMemcpyBatchAsync), PackSmall,
-//     in-place frames — next to the raw limits measured through the same backend (cudaMemcpy per
+//     MapSmall (the small args in mapped pinned memory: no copy; no kernel runs, so the bytes a
+//     kernel would read and write there are reported and timed at the pinned copy rate measured
+//     here), in-place frames — next to the raw limits measured through the same backend (cudaMemcpy per
 //     tensor, cudaMemcpyAsync per tensor + one wait, one packed copy each way + one wait, one
 //     batch each way + one wait), for the small decode step and the 19-tensor Qwen3-14B set:
 //     copies and microseconds per step, each way's bytes checked first, and the ratios to the
@@ -250,11 +252,20 @@ public:
     Result<bool> event_ready(Event e) noexcept { return gpu_->event_ready(e); }
     Status synchronize_event(Event e) noexcept { return gpu_->synchronize_event(e); }
     Status stream_wait_event(Stream s, Event e) noexcept { return gpu_->stream_wait_event(s, e); }
+    static constexpr std::size_t host_map_alignment = CudaBackend::host_map_alignment;
+    Result<void*> map_host(void* h, std::size_t n) noexcept { return gpu_->map_host(h, n); }
+    Status unmap_host(void* h) noexcept { return gpu_->unmap_host(h); }
 
 private:
     CudaBackend* gpu_;
 };
-static_assert(AsyncBackend<PerCopy> && PinnedHostBackend<PerCopy> && !BatchCopyBackend<PerCopy>);
+static_assert(AsyncBackend<PerCopy> && PinnedHostBackend<PerCopy> && MappedHostBackend<PerCopy> &&
+              !BatchCopyBackend<PerCopy>);
+
+// The bytes of one step a kernel reads and writes in mapped host memory (MapSmall ways).
+struct MappedBytes {
+    std::uint64_t read = 0, written = 0;
+};
 
 // One way of staging a step: `step()` runs one, `copies()` and `bytes()` count what the steps
 // so far moved (copy calls, bytes either way).
@@ -263,12 +274,14 @@ struct Way {
     std::function<Status()> step;
     std::function<std::uint64_t()> copies;
     std::function<std::uint64_t()> bytes;
-    std::function<Status()> check;  // one step whose bytes are checked (see checked_step)
-    bool available = true;          // false: not on this runtime (printed as n/a)
+    std::function<Status()> check;          // one step whose bytes are checked (see checked_step)
+    bool available = true;                  // false: not on this runtime (printed as n/a)
+    std::shared_ptr<MappedBytes> mapped{};  // MapSmall ways: set by the checked step
 };
 
 struct Measured {
     double median_us = 0, p90_us = 0, copies = 0, bytes = 0;
+    MappedBytes mapped;  // per step, MapSmall ways
 };
 
 // Runs every way `warmup` steps, then `steps` more in rounds, so that slow drifts of the
@@ -307,7 +320,8 @@ std::vector<Measured> measure(std::vector<Way>& ways, int warmup, int steps) {
         }
         out.push_back({percentile(samples[w], 0.5), percentile(samples[w], 0.9),
                        static_cast<double>(ways[w].copies() - copies[w]) / steps,
-                       static_cast<double>(ways[w].bytes() - bytes[w]) / steps});
+                       static_cast<double>(ways[w].bytes() - bytes[w]) / steps,
+                       ways[w].mapped ? *ways[w].mapped : MappedBytes{}});
     }
     return out;
 }
@@ -316,6 +330,8 @@ using PerTensor = RetainedBump<>;
 using Packed = RetainedBump<ExactGrowth, 1024, PackSmall<16384>>;
 constexpr std::size_t all_five_limit = 262144;  // above 163840: packs every tensor of the small step
 using PackedAll = RetainedBump<ExactGrowth, 1024, PackSmall<all_five_limit>>;
+using Mapped = RetainedBump<ExactGrowth, 1024, MapSmall<16384>>;
+using MappedAll = RetainedBump<ExactGrowth, 1024, MapSmall<all_five_limit>>;
 
 std::uint64_t stager_copies(const StagerStats& s) {
     return s.uploads + s.copy_backs;
@@ -497,6 +513,93 @@ Way frame_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, s
     };
     return {std::move(label), [step] { return step(false); }, [stager] { return stager_copies(stager->stats()); },
             [stager] { return stager_bytes(stager->stats()); }, [step] { return step(true); }};
+}
+
+// MapSmall, stream-ordered on 1 slot: bind, finish, wait, as the stream-ordered rows. The
+// args at most Limit bytes lie in the stager's pinned mirror, mapped for the device: nothing
+// uploads or copies them back, and a kernel would read and write them there over the link as
+// it runs. No kernel runs in this section, so those bytes do not move here: the checked step
+// records them (Way::mapped) for the report. Every step must have been mapped (map_failures:
+// the device could not map, and the slot copies as PackSmall does). The checked step: after
+// the bind each mapped In/InOut arg's bytes are in the mirror where its device arg points (what
+// the kernel would read), each other In/InOut arg's on the device; after the wait the InOut
+// host bytes are unchanged and the Out args are zero (the host zeroes mapped ones).
+template <class Strategy>
+Way mapped_way(std::string label, CudaBackend& gpu, CudaBackend::Stream stream, std::span<const TensorArg> args) {
+    auto backend = backend_of<PerCopy>(gpu);
+    auto stager = std::make_shared<Stager<PerCopy, Strategy>>(*backend);
+    auto mapped = std::make_shared<MappedBytes>();
+    const auto all_mapped = [stager]() -> Status {
+        const StagerStats& stats = stager->stats();
+        if (stats.mapped_runs == stats.runs) return {};
+        return Status(Errc::not_supported, "a run was not mapped (map_failures " + std::to_string(stats.map_failures) +
+                                               "): the device did not map the pinned mirror");
+    };
+    auto check = [backend, stager, mapped, all_mapped, stream, args]() -> Status {
+        for (const TensorArg& arg : args) {
+            if (arg.direction == Direction::Out) std::memset(arg.data, 0xEE, arg.bytes);
+        }
+        Result<StagedRun> run = stager->bind(args, stream);
+        if (!run) return run.status();
+        if (Status waited = wait_for(*backend, stream); !waited) return waited;
+        const auto* mirror_device = static_cast<const std::byte*>(stager->strategy().mirror_device());
+        const std::size_t mirror_bytes = stager->strategy().mirror_capacity();
+        *mapped = {};
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            const auto* device = static_cast<const std::byte*>(run->device_args()[i].data);
+            const bool in_mirror = mirror_device != nullptr && device >= mirror_device &&
+                                   device + args[i].bytes <= mirror_device + mirror_bytes;
+            if (in_mirror) {
+                if (uploads(args[i].direction)) mapped->read += args[i].bytes;
+                if (copies_back(args[i].direction)) mapped->written += args[i].bytes;
+            }
+            if (args[i].direction == Direction::Out) continue;
+            if (in_mirror) {
+                const std::byte* host = stager->strategy().mirror() + (device - mirror_device);
+                if (std::memcmp(host, args[i].data, args[i].bytes) != 0) return mismatch("mapped mirror bytes", i);
+                continue;
+            }
+            Result<std::vector<std::byte>> on_device = device_bytes(*backend, device, args[i].bytes);
+            if (!on_device) return on_device.status();
+            if (std::memcmp(on_device->data(), args[i].data, args[i].bytes) != 0) return mismatch("device bytes", i);
+        }
+        if (mapped->read + mapped->written == 0) {
+            return Status(Errc::not_supported, "no arg was mapped: the device did not map the pinned mirror");
+        }
+        std::vector<std::vector<std::byte>> in_out;
+        for (const TensorArg& arg : args) {
+            const auto* at = static_cast<const std::byte*>(arg.data);
+            const bool keep = arg.direction == Direction::InOut;
+            in_out.emplace_back(keep ? at : nullptr, keep ? at + arg.bytes : nullptr);
+        }
+        Result<Completion> done = stager->finish(std::move(*run), stream);
+        if (!done) return done.status();
+        if (Status waited = done->wait(); !waited) return waited;
+        for (std::size_t i = 0; i < args.size(); ++i) {
+            const auto* at = static_cast<const std::byte*>(args[i].data);
+            if (args[i].direction == Direction::InOut && std::memcmp(at, in_out[i].data(), args[i].bytes) != 0) {
+                return mismatch("host bytes after the copy-back", i);
+            }
+            if (args[i].direction == Direction::Out &&
+                std::any_of(at, at + args[i].bytes, [](std::byte b) { return b != std::byte{0}; })) {
+                return mismatch("zeroed Out bytes", i);
+            }
+        }
+        return all_mapped();
+    };
+    Way way{std::move(label),
+            [backend, stager, all_mapped, stream, args]() -> Status {
+                Result<StagedRun> run = stager->bind(args, stream);
+                if (!run) return run.status();
+                Result<Completion> done = stager->finish(std::move(*run), stream);
+                if (!done) return done.status();
+                if (Status waited = done->wait(); !waited) return waited;
+                return all_mapped();
+            },
+            [stager] { return stager_copies(stager->stats()); }, [stager] { return stager_bytes(stager->stats()); },
+            check};
+    way.mapped = mapped;
+    return way;
 }
 
 // Device memory, a pinned packed buffer and an event for the raw ways, freed with it.
@@ -703,6 +806,8 @@ enum : std::size_t {
     way_packed,
     way_packed_batch,
     way_packed_all,
+    way_mapped,
+    way_mapped_all,
     way_frame,
     way_raw_memcpy,
     way_raw_async,
@@ -725,13 +830,53 @@ std::vector<Way> all_ways(CudaBackend& gpu, CudaBackend::Stream stream, std::spa
     ways.push_back(stream_way<CudaBackend, Packed>("PackSmall<16384>, batch", gpu, stream, args));
     ways.push_back(
         stream_way<PerCopy, PackedAll>("PackSmall<" + std::to_string(all_five_limit) + ">", gpu, stream, args));
+    ways.push_back(mapped_way<Mapped>("MapSmall<16384> (no kernel: see below)", gpu, stream, args));
+    ways.push_back(mapped_way<MappedAll>("MapSmall<" + std::to_string(all_five_limit) + "> (no kernel: see below)", gpu,
+                                         stream, args));
     ways.push_back(frame_way("in-place frame", gpu, stream, args));
     for (Way& way : raw_ways(raw, args)) ways.push_back(std::move(way));
     for (const std::size_t w : {way_synchronous_batch, way_stream_batch, way_stream_batch_two, way_packed_batch}) {
         ways[w].available = batches;
     }
+    for (const std::size_t w : {way_mapped, way_mapped_all}) ways[w].available = gpu.maps_host_memory();
     if (ways.size() != way_count) std::abort();
     return ways;
+}
+
+// The pinned copy rate each way, bytes per microsecond: one 64 MiB copy on `stream` and a
+// wait, median of 5 (after one not counted). What the MapSmall rows' mapped bytes are timed at:
+// a kernel's loads and stores of mapped memory cross the same link, with no call's latency.
+struct PinnedRate {
+    double up = 0, down = 0;  // bytes per microsecond (MB/s / 1e0: GB/s = value / 1e3)
+};
+PinnedRate pinned_rate(CudaBackend& gpu, CudaBackend::Stream stream) {
+    constexpr std::size_t bytes = std::size_t{64} << 20;
+    Result<void*> device = gpu.device_malloc(bytes);
+    if (!device) fail("device_malloc for the pinned rate", device.status());
+    Result<void*> host = gpu.pinned_malloc(bytes);
+    if (!host) fail("pinned_malloc for the pinned rate", host.status());
+    std::memset(*host, 0x5A, bytes);
+    PinnedRate rate;
+    for (const bool up : {true, false}) {
+        std::vector<double> us;
+        for (int i = 0; i < 6; ++i) {
+            const auto start = Clock::now();
+            Status s = up ? gpu.copy_to_device_async(*device, *host, bytes, stream)
+                          : gpu.copy_from_device_async(*host, *device, bytes, stream);
+            if (s) s = wait_for(gpu, stream);
+            if (!s) fail("the pinned rate's copy", s);
+            if (i > 0) us.push_back(us_since(start));
+        }
+        (up ? rate.up : rate.down) = static_cast<double>(bytes) / percentile(us, 0.5);
+    }
+    (void)gpu.pinned_free(*host);
+    (void)gpu.device_free(*device);
+    return rate;
+}
+
+// The microseconds `m`'s mapped bytes take at `rate`.
+double mapped_us(const MappedBytes& m, const PinnedRate& rate) {
+    return static_cast<double>(m.read) / rate.up + static_cast<double>(m.written) / rate.down;
 }
 
 void section_one(CudaBackend& gpu, const Options& options) {
@@ -762,6 +907,7 @@ void section_one(CudaBackend& gpu, const Options& options) {
         std::vector<Way> ways = all_ways(gpu, *stream, set.args, raw);
         set_results = measure(ways, std::max(options.set_steps / 10, 5), options.set_steps);
     }
+    const PinnedRate rate = gpu.maps_host_memory() ? pinned_rate(gpu, *stream) : PinnedRate{};
     (void)gpu.destroy_stream(*stream);
 
     double in_mb = 0, in_out_mb = 0, out_mb = 0;
@@ -783,7 +929,9 @@ void section_one(CudaBackend& gpu, const Options& options) {
         const Measured& a = small_results[w];
         const Measured& b = set_results[w];
         if (a.median_us == 0 || b.median_us == 0) {
-            std::printf("%-44s | %-37s | %-41s\n", labels[w].c_str(), "n/a (no cudaMemcpyBatchAsync)", "n/a");
+            const bool mapped = w == way_mapped || w == way_mapped_all;
+            std::printf("%-44s | %-37s | %-41s\n", labels[w].c_str(),
+                        mapped ? "n/a (the device maps no host memory)" : "n/a (no cudaMemcpyBatchAsync)", "n/a");
             continue;
         }
         std::printf("%-44s | %6.1f %8.1f %10.1f %9.1f | %6.1f %9.2f %12.1f %10.1f\n", labels[w].c_str(), a.copies,
@@ -808,6 +956,33 @@ void section_one(CudaBackend& gpu, const Options& options) {
     ratio("raw 1 batch each way / raw cudaMemcpyAsync per tensor", way_raw_batch, way_raw_async);
     ratio("stream-ordered per copy, 1 slot / raw cudaMemcpyAsync per tensor", way_stream, way_raw_async);
     ratio("synchronous per copy / raw cudaMemcpy per tensor", way_synchronous, way_raw_memcpy);
+
+    if (!gpu.maps_host_memory()) {
+        std::printf("\nMapSmall rows: n/a, the device maps no host memory (CudaBackend::maps_host_memory)\n");
+        return;
+    }
+    std::printf(
+        "\nMapSmall rows: no kernel runs, so their times above leave out the bytes a kernel reads and writes\n"
+        "in the mapped mirror over the link as it runs. Per step, and timed at the pinned copy rates measured\n"
+        "here (one 64 MiB copy each way, median of 5: %.2f GB/s up, %.2f GB/s back) with no call's latency\n"
+        "(an estimate: a kernel's loads and stores of mapped memory need not reach a copy's rate):\n",
+        rate.up / 1e3, rate.down / 1e3);
+    for (const std::size_t w : {way_mapped, way_mapped_all}) {
+        const MappedBytes& a = small_results[w].mapped;
+        const MappedBytes& b = set_results[w].mapped;
+        std::printf("  %-17s small step: %.1f KiB read, %.1f KiB written, %.2f us; Qwen3 set: %.1f, %.1f, %.2f us\n",
+                    labels[w].substr(0, labels[w].find(' ')).c_str(), static_cast<double>(a.read) / 1024,
+                    static_cast<double>(a.written) / 1024, mapped_us(a, rate), static_cast<double>(b.read) / 1024,
+                    static_cast<double>(b.written) / 1024, mapped_us(b, rate));
+    }
+    const auto with_mapped = [&](const char* what, std::size_t way, std::size_t limit) {
+        const auto of = [&](const std::vector<Measured>& r) {
+            return (r[way].median_us + mapped_us(r[way].mapped, rate)) / r[limit].median_us;
+        };
+        std::printf("%-66s small step %5.2fx   Qwen3 set %5.2fx\n", what, of(small_results), of(set_results));
+    };
+    with_mapped("MapSmall<262144> + mapped bytes / raw packed (goal: below 1.00x)", way_mapped_all, way_raw_packed);
+    with_mapped("MapSmall<16384> + mapped bytes / raw packed", way_mapped, way_raw_packed);
 }
 
 // ---- sections 2-4 (synchronous staging of a larger set) -------------------------------------
