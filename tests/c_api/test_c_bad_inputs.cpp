@@ -536,8 +536,10 @@ std::vector<Row> rows() {
         [](World&) { return devstage_pinned_pool_allocate(nullptr, 64, &outs.pointer); });
     add("devstage_pinned_pool_free", "a pointer it did not hand out", DEVSTAGE_UNKNOWN_POINTER, "",
         [](World& w) { return devstage_pinned_pool_free(w.pool, w.host.data()); });
-    add("devstage_pinned_pool_record", "another backend's stream", bad, " given to a pool of backend",
-        [](World& w) { return devstage_pinned_pool_record(w.pool, w.pinned, w.other_stream); });
+    add("devstage_pinned_pool_record", "a destroyed stream", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_pool_record(w.pool, w.pinned, w.dead_stream); });
+    add("devstage_pinned_pool_record", "a destroyed pool", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_pool_record(w.dead_pool, w.pinned, w.stream); });
     add("devstage_pinned_pool_trim", "a destroyed pool", bad, "was destroyed",
         [](World& w) { return devstage_pinned_pool_trim(w.dead_pool); });
     add("devstage_pinned_pool_stats", "NULL stats", bad, "stats is NULL",
