@@ -7,7 +7,9 @@
 #   bench/gpu/run.sh --rebuild [...]     build again, then run
 #
 # After gpu_bench, where python3 can import torch, torch_copies.py times PyTorch's own
-# non_blocking copies of the same sets (GPU_BENCH_TORCH=0 skips it).
+# non_blocking copies of the same sets (GPU_BENCH_TORCH=0 skips it), and, where
+# DEVSTAGE_C_LIBRARY names a built libdevstage_c.so, python/examples/decode_loop.py --backend cuda
+# times the Python decode loop beside the same loop in plain torch.
 # The binary goes to $GPU_BENCH_DIR (default bench/gpu/build/, ignored by git) with a copy of
 # libcudart.so.13 when one is found here, which the binary uses where the machine has none.
 # Range-v3 headers: /usr/include/range, or RANGE_V3_INCLUDE=dir. See bench/gpu/README.md.
@@ -71,4 +73,12 @@ if [ "${GPU_BENCH_TORCH:-1}" != 0 ] && python3 -c 'import torch' 2>/dev/null; th
     "$bin" --list-sets "${set_scale[@]}" | python3 "$root/bench/gpu/torch_copies.py" "${torch_args[@]}" || [ $? = 77 ]
 else
     echo "torch: not importable here (no PyTorch rows)"
+fi
+# The Python decode loop (devstage's frame beside plain torch pin_memory + non_blocking copies),
+# where torch is importable and a built libdevstage_c is named by DEVSTAGE_C_LIBRARY.
+if [ -n "${DEVSTAGE_C_LIBRARY:-}" ] && python3 -c 'import torch' 2>/dev/null; then
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/python/examples/decode_loop.py" \
+        --backend cuda || [ $? = 77 ]
+else
+    echo "python decode loop: set DEVSTAGE_C_LIBRARY to a built libdevstage_c.so (and have torch) to run it"
 fi
