@@ -23,6 +23,7 @@
 // undoes it; aclrtFreeHost of registered memory is refused. Built with DEVSTAGE_SHIM_NO_MAP the
 // library lacks both calls.
 #include <sys/mman.h>
+#include <unistd.h>
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -68,6 +69,7 @@ struct Allocation {
 struct HostMapping {
     void* base;
     std::size_t bytes;
+    int fd = -1;  // the memory file an aclrtMallocHost allocation lives in
 };
 struct Registration {
     std::size_t bytes;
@@ -543,11 +545,21 @@ aclError aclrtMallocHost(void** pointer, std::size_t size) {
     if (current == nullptr) return fail(ACL_ERROR_RT_CONTEXT_NULL, "no current context");
     if (size == 0) return fail(ACL_ERROR_INVALID_PARAM, "size 0");
     const std::size_t span = (size + 64 + 4095) / 4096 * 4096;
-    void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    // A memory file, so that aclrtHostRegister can map the same pages a second time.
+    const int fd = ::memfd_create("acl_shim_host", MFD_CLOEXEC);
+    if (fd < 0) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    if (::ftruncate(fd, static_cast<off_t>(span)) != 0) {
+        ::close(fd);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    }
+    void* base = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        ::close(fd);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
+    }
     void* memory = static_cast<std::byte*>(base) + 64;
     allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
-    host_mappings[reinterpret_cast<std::uintptr_t>(memory)] = HostMapping{base, span};
+    host_mappings[reinterpret_cast<std::uintptr_t>(memory)] = HostMapping{base, span, fd};
     *pointer = memory;
     return ACL_SUCCESS;
 }
@@ -565,6 +577,7 @@ aclError aclrtFreeHost(void* pointer) {
     allocations.erase(found);
     const auto mapping = host_mappings.find(at);
     ::munmap(mapping->second.base, mapping->second.bytes);
+    ::close(mapping->second.fd);
     host_mappings.erase(mapping);
     return ACL_SUCCESS;
 }
@@ -582,7 +595,14 @@ aclError aclrtHostRegister(void* ptr, uint64_t size, int type, void** dev_ptr) {
         if (host < at + size && at < host + registration.bytes) return fail(ACL_ERROR_INVALID_PARAM, "registered");
     }
     const std::size_t pages = (size + 4095) / 4096 * 4096;
-    void* alias = ::mremap(ptr, 0, pages, MREMAP_MAYMOVE);  // the same pages at a second address
+    // The same pages at a second address: the allocation's memory file, mapped again.
+    auto owner = host_mappings.upper_bound(at);
+    if (owner == host_mappings.begin())
+        return fail(ACL_ERROR_INVALID_PARAM, "not inside one aclrtMallocHost allocation");
+    --owner;
+    const auto base = reinterpret_cast<std::uintptr_t>(owner->second.base);
+    void* alias =
+        ::mmap(nullptr, pages, PROT_READ | PROT_WRITE, MAP_SHARED, owner->second.fd, static_cast<off_t>(at - base));
     if (alias == MAP_FAILED) return fail(ACL_ERROR_FAILURE, "could not map the host memory for the device");
     registrations[at] = Registration{size, HostMapping{alias, pages}};
     *dev_ptr = alias;

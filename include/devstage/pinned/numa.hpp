@@ -17,11 +17,12 @@
 
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -76,6 +77,29 @@ inline Result<std::string> read_sysfs(const std::string& path) noexcept {
     if (!read) return Status(Errc::not_supported, message("numa: cannot read ", path));
     return text;
 }
+
+// The whole of `text` (surrounding blanks aside) as a decimal int, or nothing.
+inline std::optional<int> parse_int(std::string_view text) noexcept {
+    const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+    while (!text.empty() && blank(text.front())) text.remove_prefix(1);
+    while (!text.empty() && blank(text.back())) text.remove_suffix(1);
+    int value = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc{} || end != text.data() + text.size() || text.empty()) return std::nullopt;
+    return value;
+}
+
+// strerror's text for `error`, thread-safe (strerror_r, of either signature).
+inline const char* error_text(int rc, const char* buffer) noexcept {
+    return rc == 0 ? buffer : "unknown error";
+}
+inline const char* error_text(const char* text, const char* /*buffer*/) noexcept {
+    return text;
+}
+inline std::string errno_text(int error) {
+    char buffer[128] = {};
+    return error_text(::strerror_r(error, buffer, sizeof buffer), buffer);
+}
 }  // namespace detail
 
 /// The online nodes, from `<sysfs_root>/devices/system/node/online` ("0", "0-1,4"). A file
@@ -93,13 +117,12 @@ inline Result<std::vector<int>> numa_online_nodes(const std::string& sysfs_root 
                       detail::message("numa: ", path, ": '", *text, "' is not a list of nodes"));
     };
     while (std::getline(in, range, ',')) {
-        int first = -1, last = -1;
-        char dash = 0, extra = 0;
-        const int fields = std::sscanf(range.c_str(), "%d%c%d%c", &first, &dash, &last, &extra);
-        if (fields == 1) last = first;
-        const bool ranged = fields == 3 && dash == '-';
-        if ((fields != 1 && !ranged) || first < 0 || last < first || last >= max_numa_nodes) return bad();
-        for (int node = first; node <= last; ++node) nodes.push_back(node);
+        const std::size_t dash = range.find('-');
+        const std::optional<int> first = detail::parse_int(std::string_view(range).substr(0, dash));
+        const std::optional<int> last =
+            dash == std::string::npos ? first : detail::parse_int(std::string_view(range).substr(dash + 1));
+        if (!first || !last || *first < 0 || *last < *first || *last >= max_numa_nodes) return bad();
+        for (int node = *first; node <= *last; ++node) nodes.push_back(node);
     }
     if (nodes.empty()) return bad();
     return nodes;
@@ -119,12 +142,11 @@ inline Result<int> numa_node_of_pci(std::string_view pci_address, const std::str
     const std::string path = sysfs_root + "/bus/pci/devices/" + address + "/numa_node";
     Result<std::string> text = detail::read_sysfs(path);
     if (!text) return text.status();
-    int node = 0;
-    char extra = 0;
-    if (std::sscanf(text->c_str(), "%d %c", &node, &extra) != 1 || node < -1 || node >= max_numa_nodes) {
+    const std::optional<int> node = detail::parse_int(*text);
+    if (!node || *node < -1 || *node >= max_numa_nodes) {
         return Status(Errc::invalid_argument, detail::message("numa: ", path, ": '", *text, "' is not a node number"));
     }
-    return node;
+    return *node;
 }
 
 /// The host node nearest `device`: its host_numa_node() where that says (>= 0), else sysfs by
@@ -159,7 +181,7 @@ inline Status numa_bind(void* memory, std::size_t bytes, int node) noexcept {
         const int error = errno;
         return Status(error == EINVAL || error == EFAULT ? Errc::invalid_argument : Errc::backend_failure,
                       detail::message("numa: mbind of ", bytes, " bytes at ", static_cast<const void*>(memory),
-                                      " to node ", node, " failed: ", std::strerror(error)));
+                                      " to node ", node, " failed: ", detail::errno_text(error)));
     }
     return {};
 }
@@ -174,7 +196,7 @@ inline Result<int> numa_policy_node(const void* memory) noexcept {
     if (syscall(SYS_get_mempolicy, &mode, mask, max_numa_nodes, memory, mpol_f_addr) != 0) {
         const int error = errno;
         return Status(Errc::invalid_argument,
-                      detail::message("numa: get_mempolicy at ", memory, " failed: ", std::strerror(error)));
+                      detail::message("numa: get_mempolicy at ", memory, " failed: ", detail::errno_text(error)));
     }
     int node = -1;
     for (int i = 0; i < max_numa_nodes; ++i) {
@@ -195,7 +217,7 @@ inline Result<void*> numa_map(std::size_t bytes, int node) noexcept {
     const std::size_t length = (bytes + page - 1) / page * page;
     void* memory = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) {
-        return Status(Errc::out_of_memory, message("numa: mmap of ", length, " bytes failed: ", std::strerror(errno)));
+        return Status(Errc::out_of_memory, message("numa: mmap of ", length, " bytes failed: ", errno_text(errno)));
     }
     if (Status bound = numa_bind(memory, length, node); !bound) {
         munmap(memory, length);

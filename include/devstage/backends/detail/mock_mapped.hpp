@@ -16,7 +16,7 @@ inline Result<void*> MockBackend::map_host(void* host, std::size_t bytes) noexce
     constexpr MockOp op = MockOp::map_host;
     std::lock_guard lock(mutex_);
     if (Status injected = recorder_.begin(op); !injected) return recorder_.finish(op, host, bytes, std::move(injected));
-    const auto refuse = [&](std::string why) {
+    const auto refuse = [&](const std::string& why) {
         return recorder_.finish(
             op, host, bytes,
             recorder_.misuse(Errc::invalid_argument, detail::message("mock map_host: ", bytes, " bytes at ",
