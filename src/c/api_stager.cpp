@@ -257,7 +257,7 @@ devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devs
         if (r == nullptr) return bad_handle<RunState>("devstage_finish", run);
         if (r->stager != s.self) return not_this_stager("devstage_finish", "run");
         const Status finished = s.stager->finish(std::move(r->run), execution_status(execution));
-        take_back(run, r);  // a finish consumes the run, whatever it returns
+        if (!r->run.live()) take_back(run, r);  // a finish that was not refused ends the run
         return report(finished);
     });
 }
@@ -280,6 +280,7 @@ devstage_status devstage_finish_on(devstage_stager* stager, devstage_run* run, d
         state->stager = s->self;
         Result<devstage::Completion> done =
             s->stager->finish(std::move(r->run), on->native, execution_status(execution));
+        if (!done && r->run.live()) return report(done.status());  // refused: the run is left as it was
         take_back(run, r);
         if (!done) return report(done.status());
         state->completion = std::move(*done);

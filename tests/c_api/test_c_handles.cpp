@@ -289,6 +289,53 @@ TEST_CASE("c handles: a run, frame or stream of another stager or backend is ref
     C_OK(devstage_stream_destroy(one.get(), mine));
 }
 
+TEST_CASE("c handles: a refused finish leaves the run live, whatever refused it", "[c_handles]") {
+    devstage_backend* zero = cuda_shim(0);
+    if (zero == nullptr) return;
+    devstage_backend* one = cuda_shim(1);
+    devstage_stream mine = nullptr, theirs = nullptr, adopted = nullptr;
+    C_OK(devstage_stream_create(zero, &mine));
+    C_OK(devstage_stream_create(one, &theirs));
+    void* native = nullptr;
+    C_OK(devstage_stream_native(theirs, &native));
+    // Device 1's stream wrapped through device 0's backend: the handle is device 0's, the stream
+    // is not, and only the stager's stream check tells.
+    C_OK(devstage_stream_adopt(zero, native, &adopted));
+    devstage_stager* stager = nullptr;
+    devstage_stager* other = nullptr;
+    C_OK(devstage_stager_create(zero, nullptr, &stager));
+    C_OK(devstage_stager_create(zero, nullptr, &other));
+    Tensors t(512);
+    std::vector<devstage_tensor_arg> args = t.args();
+    devstage_run* run = nullptr;
+    C_OK(devstage_bind_on(stager, args.data(), args.size(), mine, &run));
+    devstage_completion* done = nullptr;
+    auto* bogus = reinterpret_cast<devstage_stream>(std::uintptr_t{0x1234});
+    CHECK(devstage_finish_on(stager, run, adopted, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(says("device 1"));
+    CHECK(devstage_finish_on(stager, run, bogus, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(devstage_finish_on(other, run, mine, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(devstage_finish(other, run, DEVSTAGE_OK) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(done == nullptr);
+    // The run is as it was: its device args, a kernel, and a finish on its own stream that
+    // copies back.
+    C_OK(devstage_stream_synchronize(zero, mine));
+    C_OK(kernel(zero, run, 512));
+    C_OK(devstage_finish_on(stager, run, mine, DEVSTAGE_OK, &done));
+    C_OK(devstage_completion_wait(done));
+    C_OK(devstage_completion_destroy(done));
+    CHECK(t.expected());
+    // A finish that was not refused consumes the run, whatever it returned.
+    CHECK(devstage_run_destroy(run) == DEVSTAGE_INVALID_ARGUMENT);
+    C_OK(devstage_stager_destroy(other));
+    C_OK(devstage_stager_destroy(stager));
+    C_OK(devstage_stream_destroy(zero, adopted));
+    C_OK(devstage_stream_destroy(zero, mine));
+    C_OK(devstage_stream_destroy(one, theirs));
+    C_OK(devstage_backend_destroy(one));
+    C_OK(devstage_backend_destroy(zero));
+}
+
 TEST_CASE("c handles: streams adopted from the runtime, never destroyed by devstage", "[c_handles]") {
     Backend backend = sim();
     devstage_stream made = nullptr;

@@ -384,9 +384,10 @@ DEVSTAGE_C_API devstage_status devstage_order_after_uploads(devstage_stager* sta
 
 /* Ends the run: copies back Out and InOut args when `execution` is DEVSTAGE_OK (pass the
  * kernel's failure to copy nothing back), releases what the run holds, and returns the first
- * failure of its own copy-backs and releases. The kernel must have completed. The run handle
- * is consumed, except for a run of another stager (DEVSTAGE_INVALID_ARGUMENT): that one is
- * left as it was. */
+ * failure of its own copy-backs and releases. The kernel must have completed. A finish that
+ * ran consumes the run handle, whatever it returned; a refused one (a run of another stager, a
+ * stream that is not a live stream of the stager's backend and device: DEVSTAGE_INVALID_ARGUMENT)
+ * leaves the run live and usable, as it was. */
 DEVSTAGE_C_API devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devstage_status execution);
 /* As devstage_finish, enqueued on `stream` after the kernel there; *completion tells when the
  * outputs are in host memory. On another stream than the bind's, `stream` first waits for the
