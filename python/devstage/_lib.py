@@ -155,6 +155,8 @@ _PROTOTYPES = {
     "devstage_completion_destroy": (_S, [handle_p]),
     "devstage_frame_create": (_S, [handle_p, POINTER(TensorShape), c_size_t, POINTER(handle_p)]),
     "devstage_frame_host": (_S, [handle_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t)]),
+    "devstage_frame_hosts": (_S, [handle_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
+    "devstage_frame_slot": (_S, [handle_p, POINTER(c_size_t)]),
     "devstage_bind_frame": (_S, [handle_p, handle_p, POINTER(handle_p)]),
     "devstage_bind_frame_on": (_S, [handle_p, handle_p, c_void_p, POINTER(handle_p)]),
     "devstage_frame_destroy": (_S, [handle_p]),
