@@ -73,7 +73,7 @@ def test_a_stream_of_another_backend_is_refused_naming_both():
         from devstage._lib import lib, TensorArg  # pylint: disable=import-outside-toplevel
         run = ctypes.c_void_p()
         table = (TensorArg * 1)(TensorArg(None, 0, 0, 0))
-        assert lib.devstage_bind_on(stager._handle, table, 0, foreign.handle, ctypes.byref(run)) == 2
+        assert lib.devstage_bind_on(stager._h, table, 0, foreign.handle, ctypes.byref(run)) == 2
         assert "'sim'" in lib.devstage_last_message().decode()
     run = stager.bind([devstage.In(np.zeros(8, np.uint8))])  # still usable
     stager.finish(run)
