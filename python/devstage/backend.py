@@ -434,10 +434,15 @@ class Stream:
     def synchronize(self) -> None:
         """Blocks until the work enqueued on the stream so far completed; HostFunctionError when a
         host function raised on it and no run's wait reported it yet."""
-        backend = self.backend._live("Stream.synchronize")  # pylint: disable=protected-access
-        check(lib.devstage_stream_synchronize(backend, self._live("Stream.synchronize")), "Stream.synchronize")
+        self._wait("Stream.synchronize")
         if self.backend._failures:  # pylint: disable=protected-access
             self.backend._raise_host_function_errors((self.handle,))  # pylint: disable=protected-access
+
+    def _wait(self, call: str) -> None:
+        """Blocks until the work enqueued on the stream so far completed (its host functions'
+        failures are left to whoever they belong to)."""
+        backend = self.backend._live(call)  # pylint: disable=protected-access
+        check(lib.devstage_stream_synchronize(backend, self._live(call)), call)
 
     def _synchronize_quietly(self) -> None:
         backend = getattr(self.backend, "_handle", None)

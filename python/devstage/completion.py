@@ -86,7 +86,7 @@ class Completion:
         stager = self._stager
         stager._flush()  # pylint: disable=protected-access
         if self._handle is None and what != "ready":
-            self._stream.synchronize()  # host functions enqueued before the finish give their tensors back
+            self._stream._wait(f"Completion.{what}")  # pylint: disable=protected-access  (host functions enqueued before the finish give their tensors back)
             stager._flush()  # pylint: disable=protected-access
         if self._handle is None:
             if what == "ready":

@@ -363,15 +363,17 @@ class Stager:
     # ---- slots run out ---------------------------------------------------------------------
 
     def _busy(self, call: str) -> Busy:
-        return Busy("busy", f"devstage {call}: all {self.pipeline_slots} pipeline slot(s) of the stager on "
-                            f"{self.backend.describe()} are held — "
-                            f"{self._ledger.describe()}. A bind or frame never waits for a slot: end a run first (the "
-                            "oldest), or make the stager with more pipeline_slots")
+        busy = Busy("busy", f"devstage {call}: all {self.pipeline_slots} pipeline slot(s) of the stager on "
+                            f"{self.backend.describe()} are held — {self._ledger.describe()}. A bind or frame never "
+                            "waits for a slot: end a run first (the oldest), or make the stager with more "
+                            "pipeline_slots")
+        busy.holders_named = True
+        return busy
 
     def _named(self, busy: Busy) -> Busy:
         """A Busy of the library, with what holds the slots in Python."""
         held = self._ledger.describe()
-        if not held or "pipeline slot(s) are held" in str(busy):
+        if not held or getattr(busy, "holders_named", False):
             return busy
         return Busy("busy", f"{busy} (held in Python: {held})")
 
