@@ -8,15 +8,17 @@ written into a frame, bound on a stream, finished on it, waited for, and the log
 [B, V]) read back out. No kernel runs: what is timed is the staging. Variants, interleaved round
 by round so that a shared machine's noise falls on all of them alike:
 
-  python  the steady-state path: a Layout made once, frame(layout), frame.write(i, x) (each
-          slot's views made once), bind, finish, wait, the logits copied out of frame.arrays,
-          close;
+  python  the steady-state path: a Layout made once, frame(layout), the six inputs written by
+          frame.write_all (checked, one call), bind, finish, wait, the logits copied out of
+          frame.arrays (each slot's views made once), close;
   naive   frame(shapes) with the list of TensorShapes, numpy.asarray(frame[i])[:] = x, bind,
           finish, wait, the logits copied out, close;
   c       the same step in C (bench/c_step.c, built with the benchmarks);
   numpy   six copies into preallocated arrays and one back, the same bytes;
   torch   six copy_ into preallocated tensors and one back; with a GPU, into pinned tensors and
-          .to('cuda', non_blocking=True), the logits back to the host, synchronized.
+          .to('cuda', non_blocking=True), the logits back to the host, synchronized;
+  python_ctypes  the steady-state path with the package's calls made through ctypes (where
+          devstage._native is built; else the python column is that already).
 
 On the simulator and on the CUDA stand-in (tests/cuda_shim, whose copies are memcpy) for B = 8,
 64, 256 it prints one line per configuration with the median µs per step of each variant and, after
@@ -39,7 +41,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 M, V = 32, 512
-VARIANTS = ("python", "naive", "c", "numpy", "torch")
+VARIANTS = ("python", "naive", "c", "numpy", "torch", "python_ctypes")
 
 
 def parse():
@@ -126,13 +128,7 @@ class Step:
         for _ in range(steps):
             start = clock()
             frame = stager.frame(layout)
-            write = frame.write
-            write(0, inputs[0])
-            write(1, inputs[1])
-            write(2, inputs[2])
-            write(3, inputs[3])
-            write(4, inputs[4])
-            write(5, inputs[5])
+            frame.write_all(inputs)
             run = stager.bind(frame, stream)
             done = stager.finish(run, stream)
             done.wait()
@@ -200,9 +196,19 @@ class Step:
             out.append(clock() - start)
         return out
 
+    def python_ctypes(self, steps):
+        calls = self.devstage._calls  # pylint: disable=protected-access
+        if calls.native is None:
+            return []
+        calls.select("ctypes")
+        try:
+            return self.python(steps)
+        finally:
+            calls.select("native")
+
     def round(self, steps):
         variants = {"python": self.python, "naive": self.naive, "c": self.c, "numpy": self.numpy,
-                    "torch": self.torch_copies}
+                    "torch": self.torch_copies, "python_ctypes": self.python_ctypes}
         order = list(VARIANTS)
         random.shuffle(order)
         for variant in order:
@@ -331,12 +337,14 @@ def write_section(path, rows, lines, export, export_us, launch_us, goals, option
            f"(medians over {options.rounds} interleaved rounds of {options.steps} steps per variant; the package's "
            f"calls through `{implementation}`). The step: frame, the six inputs of a vLLM model runner written in "
            f"place (M = {M}), bind on a stream, finish, wait, the logits (float32 [B, {V}]) copied out; no kernel. "
-           "`python` is the steady-state path (a Layout, `frame.write`, each slot's views made once), `naive` the "
+           "`python` is the steady-state path (a Layout, `frame.write_all`, each slot's views made once), `naive` the "
            "frame of a list of TensorShapes with `numpy.asarray(frame[i])[:] = x` every step, `c` the same step in "
            "C (bench/c_step.c), `numpy` and `torch` six copies into preallocated arrays or tensors and one back "
-           "(no GPU here: torch on the CPU). The stand-in is tests/cuda_shim, whose copies are memcpy.\n",
-           "| backend | B | python | naive | C | NumPy | torch | python − C | naive − C |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "(no GPU here: torch on the CPU), `python, ctypes calls` the steady-state path with the package's calls "
+           "made through ctypes instead of `devstage._native`. The stand-in is tests/cuda_shim, whose copies are "
+           "memcpy.\n",
+           "| backend | B | python | naive | C | NumPy | torch | python, ctypes calls | python − C | naive − C |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for step, m in rows:
         cells = " | ".join(f"{m[v][0]:.1f} (p90 {m[v][1]:.1f})" for v in VARIANTS)
         out.append(f"| {step.kind} | {step.batch} | {cells} | {m['python'][0] - m['c'][0]:.1f} | "

@@ -158,9 +158,14 @@ def _launch_host_function(backend: int, stream: int, key: int) -> int:
     return _c["devstage_launch_host_function"](backend, stream, _TRAMPOLINE, key)
 
 
-def _write(address: int, nbytes: int, value, formats, shape) -> bool:  # pylint: disable=unused-argument
+def _write(address: int, nbytes: int, value, chars: bytes, itemsize: int, shape) -> bool:  # pylint: disable=unused-argument
     """The compiled module's checked copy into a frame; here always False: Frame.write copies
     through the package's own reading of the value."""
+    return False
+
+
+def _write_all(hosts, nbytes, chars, itemsizes, shapes, first, values) -> bool:  # pylint: disable=unused-argument
+    """The compiled module's checked copies of a frame's values; here always False (see _write)."""
     return False
 
 
@@ -170,7 +175,7 @@ _CTYPES = {
     "run_device_args": _run_device_args, "run_destroy": _c["devstage_run_destroy"], "finish": _c["devstage_finish"],
     "finish_on": _finish_on, "completion_wait": _c["devstage_completion_wait"], "completion_ready": _completion_ready,
     "completion_destroy": _c["devstage_completion_destroy"], "launch_host_function": _launch_host_function,
-    "write": _write,
+    "write": _write, "write_all": _write_all,
 }
 
 
@@ -212,6 +217,7 @@ completion_ready: Callable[[int], bool]
 completion_destroy: Callable[[int], int]
 launch_host_function: Callable[[int, int, int], int]
 write: Callable[..., bool]
+write_all: Callable[..., bool]
 
 
 def select(implementation: str) -> None:
@@ -220,6 +226,10 @@ def select(implementation: str) -> None:
     if implementation == "native":
         if native is None:
             raise ImportError("devstage._native is not built (or DEVSTAGE_PY_NATIVE is 0)")
+        missing = [name for name in _CTYPES if not hasattr(native, name)]
+        if missing:
+            raise ImportError(f"devstage._native ({native.__file__}) has no {', '.join(missing)}: it is older than "
+                              "this package; build both from one devstage (or set DEVSTAGE_PY_NATIVE=0)")
         globals().update({name: getattr(native, name) for name in _CTYPES})
     elif implementation == "ctypes":
         globals().update(_CTYPES)

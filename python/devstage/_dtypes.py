@@ -24,9 +24,9 @@ _BY_FORMAT = {"b": "int8", "B": "uint8", "c": "uint8", "h": "int16", "H": "uint1
               "d": "float64", "?": "bool"}
 
 
-# name -> the buffer-protocol formats of its elements (a frame's checked write compares them).
-FORMATS = {name: frozenset(prefix + fmt for fmt, named in _BY_FORMAT.items() if named == name for prefix in ("", "@", "=", "<"))
-           for name in DTYPES}
+# name -> the buffer-protocol format characters of its elements, native size (a frame's checked
+# write compares them, with the element size).
+FORMAT_CHARS = {name: "".join(fmt for fmt, named in _BY_FORMAT.items() if named == name).encode() for name in DTYPES}
 
 
 def dtype_name(dtype):

@@ -9,7 +9,7 @@ pointers as void*."""
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyObject_GetBuffer, PyBuffer_Release
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, strchr
 
 ctypedef int (*f_create)(void*, const void*, size_t, void**) nogil
 ctypedef int (*f_slot)(const void*, size_t*) nogil
@@ -269,26 +269,85 @@ def launch_host_function(backend, stream, key):
     return c_launch(p(backend), p(stream), trampoline, p(key))
 
 
-def write(size_t address, size_t nbytes, value, formats, tuple shape):
-    """Copies `value` to `address` when it has a C-contiguous buffer of one of `formats` and of
-    shape `shape`: True. False, writing nothing, otherwise (the caller says what differs)."""
+def write(size_t address, size_t nbytes, value, const char* chars, Py_ssize_t itemsize, tuple shape):
+    """Copies `value` to `address` when it has a C-contiguous buffer whose elements are of
+    `itemsize` bytes and a format character among `chars` (a byte-order prefix @, = or < aside),
+    of shape `shape`: True. False, writing nothing, otherwise (the caller says what differs)."""
     cdef Py_buffer view
     cdef Py_ssize_t i
+    cdef const char* format
     cdef bint same
     try:
         PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     except (TypeError, BufferError):
         return False
     try:
-        found = (<bytes>view.format).decode() if view.format != NULL else "B"
-        same = found in formats and view.ndim == len(shape) and <size_t>view.len == nbytes
+        format = view.format
+        if format == NULL:
+            format = "B"
+        if format[0] == b'@' or format[0] == b'=' or format[0] == b'<':
+            format += 1
+        same = (format[0] != 0 and format[1] == 0 and strchr(chars, format[0]) != NULL and view.itemsize == itemsize
+                and view.ndim == len(shape) and <size_t>view.len == nbytes)
         i = 0
         while same and i < view.ndim:
             same = view.shape[i] == shape[i]
             i += 1
-        if same:
+        if same and nbytes:
             with nogil:
                 memcpy(<void*>address, view.buf, nbytes)
     finally:
         PyBuffer_Release(&view)
     return same
+
+
+cdef bint _fits(Py_buffer* view, const char* chars, Py_ssize_t itemsize, size_t nbytes, tuple shape):
+    cdef const char* format = view.format
+    cdef Py_ssize_t i
+    if format == NULL:
+        format = "B"
+    if format[0] == b'@' or format[0] == b'=' or format[0] == b'<':
+        format += 1
+    if not (format[0] != 0 and format[1] == 0 and chars[0] != 0 and strchr(chars, format[0]) != NULL and
+            view.itemsize == itemsize and view.ndim == len(shape) and <size_t>view.len == nbytes):
+        return False
+    for i in range(view.ndim):
+        if view.shape[i] != shape[i]:
+            return False
+    return True
+
+
+def write_all(tuple hosts, tuple nbytes, tuple chars, tuple itemsizes, tuple shapes, Py_ssize_t first, values):
+    """write() of values[k] into tensor first + k, for every k: True once all are copied; False,
+    writing nothing, when one does not fit (or has no C-contiguous buffer)."""
+    cdef Py_ssize_t count = len(values), taken = 0, k
+    cdef Py_buffer fixed[16]
+    cdef Py_buffer* views = fixed
+    cdef bint fits = True
+    if first < 0 or first + count > len(hosts):
+        return False
+    if count > 16:
+        views = <Py_buffer*>malloc(count * sizeof(Py_buffer))
+        if views == NULL:
+            raise MemoryError()
+    try:
+        for k in range(count):
+            try:
+                PyObject_GetBuffer(values[k], &views[k], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+            except (TypeError, BufferError):
+                fits = False
+                break
+            taken += 1
+            if not _fits(&views[k], <bytes>chars[first + k], itemsizes[first + k], nbytes[first + k], shapes[first + k]):
+                fits = False
+                break
+        if fits:
+            for k in range(count):
+                if views[k].len:
+                    memcpy(<void*><uintptr_t>hosts[first + k], views[k].buf, <size_t>views[k].len)
+        return fits
+    finally:
+        for k in range(taken):
+            PyBuffer_Release(&views[k])
+        if views != fixed:
+            free(views)

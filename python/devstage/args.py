@@ -68,7 +68,7 @@ class TensorShape:
     direction; `device`, an address (or a device tensor), makes it a device-resident tensor
     passed through at its position, with no space in the frame."""
 
-    __slots__ = ("shape", "dtype", "direction", "device", "nbytes", "_key", "_hash")
+    __slots__ = ("shape", "dtype", "direction", "device", "nbytes", "_key", "_hash", "_chars", "_itemsize")
 
     def __init__(self, shape, dtype="uint8", direction=IN, device=None):
         self.shape = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
@@ -77,7 +77,9 @@ class TensorShape:
         self.dtype = _dtypes.dtype_name(dtype)
         self.direction = direction_of(direction)
         self.device = device
-        self.nbytes = math.prod(self.shape) * _dtypes.itemsize(self.dtype)
+        self._itemsize = _dtypes.itemsize(self.dtype)
+        self._chars = _dtypes.FORMAT_CHARS[self.dtype]  # what a checked write takes, with the item size
+        self.nbytes = math.prod(self.shape) * self._itemsize
         # Equal shapes lay a frame out alike (a device tensor: the same object, which this holds).
         where = device if device is None or isinstance(device, int) else ("tensor", id(device))
         self._key = (self.shape, self.dtype, self.direction, where)

@@ -158,6 +158,8 @@ class Layout:
         self.tensor_shapes = tuple(shape.shape for shape in self.shapes)
         self.directions = tuple(shape.direction for shape in self.shapes)
         self.nbytes = tuple(shape.nbytes for shape in self.shapes)
+        self._chars = tuple(shape._chars if shape.device is None else b"" for shape in self.shapes)  # pylint: disable=protected-access
+        self._itemsizes = tuple(shape._itemsize for shape in self.shapes)  # pylint: disable=protected-access
 
     def memory(self, slot: int, hosts: Tuple[int, ...]) -> SlotMemory:
         """Slot `slot`'s SlotMemory for these tensor addresses: the one kept while they stay, a new
@@ -252,34 +254,59 @@ class Frame:
     def write(self, index: int, value: Any) -> None:
         """Copies `value` into tensor `index`: a NumPy array, a CPU torch tensor, a buffer, of the
         tensor's exact dtype and shape (TypeError for another dtype, ValueError for another shape:
-        nothing is cast or broadcast)."""
-        position = self._index(index, "write")
+        nothing is cast or broadcast, nothing written)."""
         memory = self._memory
-        if memory.retired:
-            memory._check()  # pylint: disable=protected-access
-        shape = self.layout.shapes[position]
-        if _calls.write(memory.hosts[position], shape.nbytes, value, _dtypes.FORMATS[shape.dtype], shape.shape):
-            return
-        self._write(position, shape, value)
+        shapes = self.layout.shapes
+        if type(index) is int and 0 <= index < len(shapes) and not memory.retired:  # pylint: disable=unidiomatic-typecheck
+            shape = shapes[index]
+            if shape.device is None and _calls.write(memory.hosts[index], shape.nbytes, value, shape._chars,  # pylint: disable=protected-access
+                                                     shape._itemsize, shape.shape):  # pylint: disable=protected-access
+                return
+        self._write_checked(self._index(index, "write"), (value,), "write")
 
-    def _write(self, position: int, shape: TensorShape, value: Any) -> None:
-        """Frame.write through the package's reading of the value (what it is, its dtype and shape)."""
-        memory = _host.memory_of(value, writable=False)
+    def write_all(self, values: Sequence[Any], first: int = 0) -> None:
+        """Frame.write of each of `values` into tensors first, first + 1, ...: all of them, or —
+        when one is refused — none. One call for a step's inputs."""
+        memory = self._memory
+        layout = self.layout
+        if type(first) is int and 0 <= first and not memory.retired:  # pylint: disable=unidiomatic-typecheck
+            if _calls.write_all(memory.hosts, layout.nbytes, layout._chars, layout._itemsizes, layout.tensor_shapes,  # pylint: disable=protected-access
+                                first, values):
+                return
+        values = list(values)
+        if len(values) > layout.count - first:
+            raise IndexError(f"devstage Frame.write_all: {len(values)} values from tensor {first} of a frame of "
+                             f"{layout.count} tensors")
+        self._write_checked(self._index(first, "write_all") if values else first, values, "write_all")
+
+    def _write_checked(self, first: int, values: Sequence[Any], call: str) -> None:
+        """Frame.write through the package's reading of each value (what it is, its dtype and
+        shape): every value checked, then every one copied."""
+        memories = []
         try:
-            if memory.device is not None:
-                raise ValueError(f"devstage Frame.write: the value for tensor {position} is device memory; write "
-                                 "host memory (copy it to the host first)")
-            if memory.dtype != shape.dtype:
-                raise TypeError(f"devstage Frame.write: tensor {position} is {shape.dtype} {shape.shape}, the value is "
-                                f"{memory.dtype} {memory.shape}: the write would cast (convert the value first)")
-            if memory.shape != shape.shape:
-                raise ValueError(f"devstage Frame.write: tensor {position} has shape {shape.shape}, the value "
-                                 f"{memory.shape}: nothing is broadcast")
+            for position, value in enumerate(values, first):
+                shape = self.layout.shapes[self._index(position, call)]
+                memory = _ndarray_memory(value, shape)
+                if memory is None:
+                    memory = _host.memory_of(value, writable=False)
+                memories.append(memory)
+                if memory.device is not None:
+                    raise ValueError(f"devstage Frame.{call}: the value for tensor {position} is device memory; write "
+                                     "host memory (copy it to the host first)")
+                if memory.dtype != shape.dtype:
+                    raise TypeError(f"devstage Frame.{call}: tensor {position} is {shape.dtype} {shape.shape}, the "
+                                    f"value is {memory.dtype} {memory.shape}: the write would cast (convert the value "
+                                    "first)")
+                if memory.shape != shape.shape:
+                    raise ValueError(f"devstage Frame.{call}: tensor {position} has shape {shape.shape}, the value "
+                                     f"{memory.shape}: nothing is broadcast")
             self._memory._check()  # pylint: disable=protected-access
-            if shape.nbytes:
-                ctypes.memmove(self._memory.hosts[position], memory.address, shape.nbytes)
+            for position, memory in enumerate(memories, first):
+                if memory.nbytes:
+                    ctypes.memmove(self._memory.hosts[position], memory.address, memory.nbytes)
         finally:
-            memory.close()
+            for memory in memories:
+                memory.close()
 
     __setitem__ = write
 
@@ -299,3 +326,13 @@ class Frame:
             self._handle = None
             self.stager._frame_dropped(self, handle)  # pylint: disable=protected-access
 
+
+def _ndarray_memory(value: Any, shape: TensorShape) -> Optional[_host.Memory]:
+    """The Memory of a C-contiguous NumPy array of `shape`'s dtype and shape, read the short way;
+    None for anything else (the package's general reading of a value then says what it is)."""
+    interface = getattr(type(value), "__array_interface__", None)
+    if interface is None or type(value).__name__ != "ndarray" or not value.flags.c_contiguous:
+        return None
+    if value.shape != shape.shape or value.dtype.name != shape.dtype or not value.dtype.isnative:
+        return None
+    return _host.Memory(value.ctypes.data, value.nbytes, value.shape, shape.dtype, keep=value)

@@ -498,6 +498,10 @@ class Stager:
         """Ends the stager: live runs end, and the C stager is destroyed (its pending work waited
         for) — now when `force`, else with the last export or view of its memory (at once when
         there is none)."""
+        for _, holder in self._holders():  # unbound frames go before their stager
+            if isinstance(holder, Frame) and holder._handle is not None:  # pylint: disable=protected-access
+                handle, holder._handle = holder._handle, None  # pylint: disable=protected-access
+                _calls.frame_destroy(handle)
         self._end_live_runs()
         self._h = None
         self._ledger.clear()

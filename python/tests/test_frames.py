@@ -93,7 +93,7 @@ def test_cached_torch_tensors_of_the_device_args(sim):
 def test_the_slot_moves_and_everything_is_made_again(sim):
     """A larger run grows the slot: its mirror and device memory move (address_changes), the
     layout's views and the cached exports are made again at the new addresses."""
-    np = numpy_or_skip()
+    numpy_or_skip()
     stager = devstage.Stager(sim, pack_limit=16384)
     layout = stager.layout(decode_shapes(4))
     frame = stager.frame(layout)
@@ -213,6 +213,15 @@ def test_checked_writes_never_cast(sim):
     with pytest.raises(IndexError, match="tensor 7 of a frame of 4 tensors"):
         frame.write(7, np.zeros(4, np.int32))
     assert list(frame.arrays[0]) == [0, 1, 2, 3]  # a refused write wrote nothing
+    frame.write_all([np.full(4, 5, np.int32), np.full(4, 6, np.int64)])
+    assert (frame.arrays[0] == 5).all() and (frame.arrays[1] == 6).all()
+    frame.write_all([np.full(4, 7, np.int64), np.zeros((4, 32), np.int32)], first=1)
+    assert (frame.arrays[1] == 7).all()
+    with pytest.raises(TypeError, match="tensor 1 is int64 .*the value is int32"):
+        frame.write_all([np.full(4, 1, np.int32), np.full(4, 1, np.int32)])  # the second is refused
+    assert (frame.arrays[0] == 5).all()  # and the first not written either
+    with pytest.raises(IndexError, match="3 values from tensor 2 of a frame of 4 tensors"):
+        frame.write_all([np.zeros((4, 32), np.int32)] * 3, first=2)
     torch = pytest.importorskip("torch")
     frame.write(0, torch.full((4,), 9, dtype=torch.int32))
     assert (frame.arrays[0] == 9).all()
