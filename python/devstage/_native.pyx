@@ -351,3 +351,62 @@ def write_all(tuple hosts, tuple nbytes, tuple chars, tuple itemsizes, tuple sha
             PyBuffer_Release(&views[k])
         if views != fixed:
             free(views)
+
+
+cdef class HostBuffer:
+    """Host memory as the buffer protocol gives it: C-contiguous and writable, as _expose() says
+    (address, bytes, format, item size, shape); refused (BufferError) before that, after _shut(),
+    and for a format of "" (no buffer form) or no bytes. A frame's HostView is one, so that NumPy
+    makes an array of it without asking for its other protocols."""
+    cdef void* _buf
+    cdef Py_ssize_t _len
+    cdef Py_ssize_t _itemsize
+    cdef int _ndim
+    cdef bytes _format
+    cdef Py_ssize_t* _dims  # the shape, then the strides
+    cdef bint _open
+
+    def _expose(self, size_t address, Py_ssize_t nbytes, bytes format, Py_ssize_t itemsize, tuple shape):
+        cdef int i
+        cdef Py_ssize_t stride = itemsize
+        free(self._dims)
+        self._dims = NULL
+        self._open = False
+        self._ndim = len(shape)
+        if self._ndim:
+            self._dims = <Py_ssize_t*>malloc(2 * self._ndim * sizeof(Py_ssize_t))
+            if self._dims == NULL:
+                raise MemoryError()
+            for i in range(self._ndim - 1, -1, -1):
+                self._dims[i] = shape[i]
+                self._dims[self._ndim + i] = stride
+                stride *= shape[i]
+        self._buf = <void*>address
+        self._len = nbytes
+        self._itemsize = itemsize
+        self._format = format
+        self._open = address != 0 and nbytes > 0 and len(format) > 0
+
+    def _shut(self):
+        self._open = False
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if not self._open:
+            raise BufferError("devstage: this frame view's memory was given back (or it has no buffer form)")
+        view.buf = self._buf
+        view.obj = self
+        view.len = self._len
+        view.readonly = 0
+        view.itemsize = self._itemsize
+        view.format = <char*>self._format if flags & PyBUF_FORMAT else NULL
+        view.ndim = self._ndim
+        view.shape = self._dims
+        view.strides = self._dims + self._ndim if self._dims != NULL else NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+    def __dealloc__(self):
+        free(self._dims)

@@ -103,21 +103,33 @@ class SlotMemory:
         """Drops this cache's views of the mirror; a weak reference to the _Mirror when there was
         one: alive afterwards only if something else still views the memory."""
         self.retired = True
+        for view in self._views or ():
+            if view is not None and _ViewBase is not object:
+                view._shut()  # no new buffer of it
         mirror, self._mirror, self._arrays, self._views = self._mirror, None, None, None
         return None if mirror is None else weakref.ref(mirror)
 
 
-class HostView:
-    """Tensor i of a frame, in pinned memory: `numpy.asarray(view)` is the frame's NumPy array of
-    it (the same array each time for a slot), `torch.from_dlpack(view)` a torch view (kDLCPU), of
-    the TensorShape's shape and dtype; staged as an arg, it is that memory."""
+# Where the compiled calls are built, a HostView has the buffer protocol (NumPy reads it first).
+_ViewBase: Any = getattr(_calls.native, "HostBuffer", object)
 
-    __slots__ = ("_memory", "index", "data_ptr", "nbytes", "shape", "dtype")
+
+class HostView(_ViewBase):  # type: ignore[misc,valid-type]
+    """Tensor i of a frame, in pinned memory: `numpy.asarray(view)` is a NumPy array of it (through
+    the buffer protocol where the compiled calls are built, else the frame's array itself),
+    `torch.from_dlpack(view)` a torch view (kDLCPU), of the TensorShape's shape and dtype; staged
+    as an arg, it is that memory. It keeps the slot's memory from being freed while it lives (as an
+    array of it does)."""
+
+    __slots__ = ("_memory", "_mirror", "index", "data_ptr", "nbytes", "shape", "dtype")
 
     def __init__(self, memory: SlotMemory, index: int, data_ptr: int, nbytes: int, shape: Tuple[int, ...],
                  dtype: str) -> None:
         self._memory = memory
+        self._mirror = memory.mirror()
         self.index, self.data_ptr, self.nbytes, self.shape, self.dtype = index, data_ptr, nbytes, shape, dtype
+        if _ViewBase is not object:
+            self._expose(data_ptr, nbytes, _dtypes.FORMAT_CHARS[dtype][:1], _dtypes.itemsize(dtype), shape)
 
     def __array__(self, dtype: Any = None) -> Any:
         memory = self._memory
@@ -247,6 +259,11 @@ class Frame:
         return position
 
     def __getitem__(self, index: int) -> HostView:
+        views = self._memory._views  # pylint: disable=protected-access  (None until made, and once retired)
+        if views is not None and type(index) is int and 0 <= index < len(views):  # pylint: disable=unidiomatic-typecheck
+            view = views[index]
+            if view is not None:
+                return view
         return self._memory.view(self._index(index, "__getitem__"))
 
     host = __getitem__

@@ -48,7 +48,7 @@ def test_each_slot_keeps_its_views_across_steps(sim):
         assert [a.dtype for a in arrays] == [np.int32, np.int64, np.int32, np.float32]
         if frame.slot in seen:
             assert all(a is b for a, b in zip(arrays, seen[frame.slot]))  # made once per slot
-            assert np.asarray(frame[0]) is arrays[0] and frame[2] is frame[2]
+            assert np.asarray(frame[0]).ctypes.data == arrays[0].ctypes.data and frame[2] is frame[2]
         seen[frame.slot] = arrays
         done = step(np, stager, frame, stream, value)
         assert (frame.arrays[3] == value).all()
@@ -240,3 +240,21 @@ def test_an_index_past_the_end_names_the_frames_size(sim):
         frame[-5]  # pylint: disable=pointless-statement
     assert frame[-1].shape == (4, 64)
     assert len(frame) == 4
+
+
+def test_a_host_view_is_a_view(sim):
+    """A HostView the engine keeps is a view of the memory: it counts, and once the memory went
+    back it gives none (its buffer, its array, its DLPack export refused)."""
+    np = numpy_or_skip()
+    stager = devstage.Stager(sim, pack_limit=16384)
+    frame = frame_with_outputs(np, stager)
+    view = frame[0]
+    assert (np.asarray(view) == 3).all() and np.asarray(view).ctypes.data == view.data_ptr
+    with pytest.raises(devstage.Busy, match="frame memory"):
+        stager.release()
+    with pytest.raises(ValueError, match="given back"):
+        np.asarray(view)
+    with pytest.raises(ValueError, match="given back"):
+        view.__dlpack__()
+    del view
+    stager.release()
