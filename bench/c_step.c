@@ -3,7 +3,8 @@
  * inputs of a vLLM-style step (token ids int32 [B], positions int64 [B], block table int32 [B, M],
  * slot mapping int64 [B], temperature and top_p float32 [B]) and the logits (float32 [B, V]);
  * per step: frame, the six inputs written in place, bind on a stream, finish on it, wait, the
- * logits read (copied out), the completion and the frame handle destroyed.
+ * logits read (copied out), the completion and the frame handle destroyed. The logits are not
+ * zeroed before the kernel (DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL): a model writes every one.
  *
  *   c_step sim|LIBCUDART B STEPS [M V]
  *
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
     memset(&config, 0, sizeof config);
     config.pack_limit = DEVSTAGE_PACK_LIMIT_16K;
     config.pipeline_slots = 2;
+    config.output_policy = DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL; /* a model writes every logit */
     TRY(devstage_stager_create(backend, &config, &stager));
     TRY(devstage_stream_create(backend, &stream));
     for (step = -1; step < steps; ++step) {

@@ -5,7 +5,8 @@
 The step (M = 32, V = 512): six inputs of a vLLM model runner — token ids int32 [B], positions
 int64 [B], block table int32 [B, M], slot mapping int64 [B], temperature and top_p float32 [B] —
 written into a frame, bound on a stream, finished on it, waited for, and the logits (float32
-[B, V]) read back out. No kernel runs: what is timed is the staging. Variants, interleaved round
+[B, V]) read back out. No kernel runs: what is timed is the staging (the logits are not zeroed
+before it: output_policy "kernel_writes_all", as a model writes every logit). Variants, interleaved round
 by round so that a shared machine's noise falls on all of them alike:
 
   python  the steady-state path: a Layout made once, frame(layout), the six inputs written by
@@ -31,6 +32,7 @@ writes the section of docs/performance.md.
 import argparse
 import datetime
 import glob
+import importlib.util
 import os
 import platform
 import random
@@ -87,7 +89,8 @@ class Step:
         self.np, self.devstage, self.kind, self.batch = np, devstage, kind, batch
         self.standin, self.c_step = standin, c_step
         self.backend = devstage.sim() if kind == "sim" else devstage.cuda(0, standin)
-        self.stager = devstage.Stager(self.backend, pack_limit=16384, pipeline_slots=2)
+        self.stager = devstage.Stager(self.backend, pack_limit=16384, pipeline_slots=2,
+                                      output_policy="kernel_writes_all")  # a model writes every logit
         self.stream = self.backend.create_stream()
         In, Out = devstage.IN, devstage.OUT
         self.shapes = [devstage.TensorShape(batch, "int32", In), devstage.TensorShape(batch, "int64", In),
@@ -102,6 +105,7 @@ class Step:
                        rng.random(batch).astype(np.float32)]
         self.logits = np.empty((batch, V), np.float32)
         self.samples = {variant: [] for variant in VARIANTS}
+        self.on_device = []
         self.torch = self._torch_setup()
 
     def _torch_setup(self):
@@ -186,9 +190,8 @@ class Step:
             for h, s in zip(host, sources):
                 h.copy_(s)
             if gpu:
-                moved = [h.to("cuda", non_blocking=True) for h in host]
+                self.on_device = [h.to("cuda", non_blocking=True) for h in host]  # what the model would read
                 logits.copy_(logits_device)  # synchronizes: the copy to pageable host memory
-                del moved
             else:
                 for d, h in zip(device, host):
                     d.copy_(h)
@@ -230,11 +233,7 @@ def cached_export_and_launch(np, devstage, steps):
     stager = devstage.Stager(backend, pack_limit=16384, pipeline_slots=2)
     stream = backend.create_stream()
     layout = stager.layout([devstage.TensorShape(8, "int32"), devstage.TensorShape((8, V), "float32", devstage.OUT)])
-    try:
-        import torch  # pylint: disable=import-outside-toplevel,unused-import
-        export = "tensors"
-    except ImportError:
-        export = "arrays"
+    export = "tensors" if importlib.util.find_spec("torch") is not None else "arrays"
     exports, launches = [], []
     clock = time.perf_counter
 
@@ -261,18 +260,19 @@ def cached_export_and_launch(np, devstage, steps):
     return export, percentile(exports, 0.5) * 1e6, percentile(launches, 0.5) * 1e6
 
 
-def machine():
+def machine(load):
     model = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:
             model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    return f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load:.1f} as the run started"
 
 
 def main():
     options = parse()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     standin, c_step = environment(options.build)
     import numpy as np  # pylint: disable=import-outside-toplevel
     import devstage  # pylint: disable=import-outside-toplevel
@@ -306,7 +306,7 @@ def main():
         print(goal)
     if options.markdown:
         write_section(options.markdown, rows, lines, export, export_us, launch_us, goals, options,
-                      devstage._calls.IMPLEMENTATION)  # pylint: disable=protected-access
+                      devstage._calls.IMPLEMENTATION, load)  # pylint: disable=protected-access
 
 
 def goal_lines(rows, export_us, launch_us):
@@ -331,12 +331,13 @@ def goal_lines(rows, export_us, launch_us):
 BEGIN, END = "<!-- python_step: begin -->", "<!-- python_step: end -->"
 
 
-def write_section(path, rows, lines, export, export_us, launch_us, goals, options, implementation):
+def write_section(path, rows, lines, export, export_us, launch_us, goals, options, implementation, load):
     out = [BEGIN, "## 7. A decode step from Python (bench/python_step.py)\n",
-           f"Measured {datetime.date.today().isoformat()} on {machine()}, a machine shared with other work "
+           f"Measured {datetime.date.today().isoformat()} on {machine(load)}, a machine shared with other work "
            f"(medians over {options.rounds} interleaved rounds of {options.steps} steps per variant; the package's "
            f"calls through `{implementation}`). The step: frame, the six inputs of a vLLM model runner written in "
-           f"place (M = {M}), bind on a stream, finish, wait, the logits (float32 [B, {V}]) copied out; no kernel. "
+           f"place (M = {M}), bind on a stream, finish, wait, the logits (float32 [B, {V}]) copied out; no kernel "
+           "(and the logits not zeroed before it: `output_policy=\"kernel_writes_all\"`, as a model writes every one). "
            "`python` is the steady-state path (a Layout, `frame.write_all`, each slot's views made once), `naive` the "
            "frame of a list of TensorShapes with `numpy.asarray(frame[i])[:] = x` every step, `c` the same step in "
            "C (bench/c_step.c), `numpy` and `torch` six copies into preallocated arrays or tensors and one back "
