@@ -354,6 +354,15 @@ def write_section(path, rows, lines, export, export_us, launch_us, goals, option
                f"{export_us:.2f} µs; a host-function launch (a no-op on a simulator stream, the launch call): "
                f"{launch_us:.2f} µs.\n")
     out += [f"- {goal.removeprefix('goal: ')}" for goal in goals]
+    out.append("\nWhere the difference comes from. Each call of the package (frame, write_all, bind, finish, wait, "
+               "close) is one crossing into C, and around it the interpreter does the run's bookkeeping: the "
+               "one-thread lock, the Frame, Run and Completion objects, a weak reference as the slot passes from one "
+               "to the next; the C step has none of it. `python, ctypes calls` shows what the crossings cost without "
+               "`devstage._native`. The logits are copied out by NumPy in the Python variants and by memcpy in C. "
+               "On the simulator each step also waits for the stream's worker thread, which the time between calls "
+               "lets fall asleep: its medians and p90s spread most. The NumPy and torch rows copy host memory to "
+               "host memory once; a staged step writes the inputs into the frame, uploads them (on the stand-in a "
+               "memcpy), and copies the logits back and out, so at a large B it moves more bytes than they do.")
     out.append("\nThe lines the run printed:\n\n```\n" + "\n".join(lines) + "\n```\n")
     out.append(END)
     section = "\n".join(out)
