@@ -343,7 +343,8 @@ def write_section(path, rows, lines, export, export_us, launch_us, goals, option
            "C (bench/c_step.c), `numpy` and `torch` six copies into preallocated arrays or tensors and one back "
            "(no GPU here: torch on the CPU), `python, ctypes calls` the steady-state path with the package's calls "
            "made through ctypes instead of `devstage._native`. The stand-in is tests/cuda_shim, whose copies are "
-           "memcpy.\n",
+           "memcpy. `./dev bench` runs it after the other benchmarks; alone, after a build: "
+           "`python3 bench/python_step.py --build build-bench --markdown docs/performance.md`.\n",
            "| backend | B | python | naive | C | NumPy | torch | python, ctypes calls | python − C | naive − C |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for step, m in rows:
