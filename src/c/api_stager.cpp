@@ -63,10 +63,37 @@ Result<std::span<const devstage::TensorArg>> converted(const char* function, Sta
     return std::span<const devstage::TensorArg>(stager.args);
 }
 
+// Counts a frame or a bind taking `slot`; returns the count, which a frame made there keeps.
+std::uint64_t take_slot(StagerState& stager, std::size_t slot) {
+    if (stager.slot_takes.size() <= slot) stager.slot_takes.resize(slot + 1);
+    return ++stager.slot_takes[slot];
+}
+
+// Ok while a frame's memory is its own: no release, reserve or abandon since it was made (each
+// may free or move the mirror), and its slot not taken since by another frame or bind (which
+// the stager allows once the frame's run ended).
+Status frame_memory(const char* function, const FrameState& frame, const StagerState& stager) {
+    if (frame.resets != stager.resets) {
+        return Status(Errc::invalid_argument,
+                      devstage::detail::message(function,
+                                                ": the stager was released, reserved or abandoned after the "
+                                                "frame was made: its memory was given back"));
+    }
+    if (stager.slot_takes[frame.frame->slot()] != frame.take) {
+        return Status(Errc::invalid_argument,
+                      devstage::detail::message(function,
+                                                ": the frame's slot was taken by a later frame or bind once "
+                                                "its run ended: its memory is that run's now"));
+    }
+    return {};
+}
+
 // Hands a bound run to the caller as a handle; a run with no handle ends (without copy-backs).
-devstage_status run_handed_out(const char* function, const StagerState& stager, Result<devstage::StagedRun> bound,
-                               devstage_run** run) {
+// `frame`: the run binds a frame, which took its slot already.
+devstage_status run_handed_out(const char* function, StagerState& stager, Result<devstage::StagedRun> bound,
+                               devstage_run** run, bool frame = false) {
     if (!bound) return report(bound.status());
+    if (!frame) take_slot(stager, bound->slot());
     devstage_run* handle = hand_out(std::make_unique<RunState>(RunState{stager.self, std::move(*bound)}));
     if (handle == nullptr) return no_handle(function, HandleKind::run);
     *run = handle;
@@ -134,7 +161,7 @@ devstage_status bind_frame(const char* function, devstage_stager* stager, const 
             if (s == nullptr) return failed;
             native = s->native;
         }
-        return run_handed_out(function, *state, bind(*state->stager, *f->frame, native), run);
+        return run_handed_out(function, *state, bind(*state->stager, *f->frame, native), run, true);
     });
 }
 
@@ -169,19 +196,27 @@ devstage_status devstage_stager_set_error_sink(devstage_stager* stager, devstage
 }
 
 devstage_status devstage_stager_release(devstage_stager* stager) {
-    return on_stager("devstage_stager_release", stager, [&](StagerState& s) { return report(s.stager->release()); });
+    return on_stager("devstage_stager_release", stager, [&](StagerState& s) {
+        const Status released = s.stager->release();
+        if (released.code() != Errc::busy) ++s.resets;  // frames' memory may be gone
+        return report(released);
+    });
 }
 
 devstage_status devstage_stager_abandon(devstage_stager* stager) {
     return on_stager("devstage_stager_abandon", stager, [&](StagerState& s) {
         s.stager->abandon();
+        ++s.resets;
         return report(Status());
     });
 }
 
 devstage_status devstage_stager_reserve(devstage_stager* stager, size_t bytes) {
-    return on_stager("devstage_stager_reserve", stager,
-                     [&](StagerState& s) { return report(s.stager->reserve(bytes)); });
+    return on_stager("devstage_stager_reserve", stager, [&](StagerState& s) {
+        const Status reserved = s.stager->reserve(bytes);
+        if (reserved.code() != Errc::busy) ++s.resets;  // a grown mirror moved
+        return report(reserved);
+    });
 }
 
 devstage_status devstage_bind(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
@@ -257,7 +292,7 @@ devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devs
         if (r == nullptr) return bad_handle<RunState>("devstage_finish", run);
         if (r->stager != s.self) return not_this_stager("devstage_finish", "run");
         const Status finished = s.stager->finish(std::move(r->run), execution_status(execution));
-        take_back(run, r);  // a finish consumes the run, whatever it returns
+        if (!r->run.live()) take_back(run, r);  // a finish that was not refused ends the run
         return report(finished);
     });
 }
@@ -280,6 +315,7 @@ devstage_status devstage_finish_on(devstage_stager* stager, devstage_run* run, d
         state->stager = s->self;
         Result<devstage::Completion> done =
             s->stager->finish(std::move(r->run), on->native, execution_status(execution));
+        if (!done && r->run.live()) return report(done.status());  // refused: the run is left as it was
         take_back(run, r);
         if (!done) return report(done.status());
         state->completion = std::move(*done);
@@ -381,7 +417,9 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
         state->stager = s->self;
         Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
-        state->frame.emplace(*made);
+        state->take = take_slot(*s, made->slot());
+        state->resets = s->resets;
+        state->frame.emplace(std::move(*made));
         devstage_frame* handle = hand_out(std::move(state));
         if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
         *frame = handle;
@@ -397,7 +435,8 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
         if (bytes == nullptr) return null_argument("devstage_frame_host", "bytes");
         *data = nullptr;
         *bytes = 0;
-        if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
+        const StagerState* s = find<StagerState>(handle_from<devstage_stager*>(f->stager));
+        if (s == nullptr) {
             return report(Status(Errc::invalid_argument,
                                  "devstage_frame_host: the frame's stager was destroyed, and its memory with it"));
         }
@@ -406,9 +445,49 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
                                  devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
                                                            f->frame->size(), " tensors")));
         }
+        if (Status own = frame_memory("devstage_frame_host", *f, *s); !own) return report(own);
         const auto host = f->frame->host(i);
         *data = host.data();
         *bytes = host.size();
+        return report(Status());
+    });
+}
+
+devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, size_t* bytes, size_t count) {
+    return guarded("devstage_frame_hosts", [&] {
+        const FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_hosts", frame);
+        if (count != f->frame->size()) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_hosts: count ", count,
+                                                           ", but the frame has ", f->frame->size(), " tensors")));
+        }
+        if (data == nullptr) return null_argument("devstage_frame_hosts", "data");
+        for (std::size_t i = 0; i < count; ++i) data[i] = nullptr;
+        if (bytes != nullptr) {
+            for (std::size_t i = 0; i < count; ++i) bytes[i] = 0;
+        }
+        const StagerState* s = find<StagerState>(handle_from<devstage_stager*>(f->stager));
+        if (s == nullptr) {
+            return report(Status(Errc::invalid_argument,
+                                 "devstage_frame_hosts: the frame's stager was destroyed, and its memory with it"));
+        }
+        if (Status own = frame_memory("devstage_frame_hosts", *f, *s); !own) return report(own);
+        for (std::size_t i = 0; i < count; ++i) {
+            const auto host = f->frame->host(i);
+            data[i] = host.data();
+            if (bytes != nullptr) bytes[i] = host.size();
+        }
+        return report(Status());
+    });
+}
+
+devstage_status devstage_frame_slot(const devstage_frame* frame, size_t* slot) {
+    return guarded("devstage_frame_slot", [&] {
+        const FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_slot", frame);
+        if (slot == nullptr) return null_argument("devstage_frame_slot", "slot");
+        *slot = f->frame->slot();
         return report(Status());
     });
 }

@@ -384,9 +384,10 @@ DEVSTAGE_C_API devstage_status devstage_order_after_uploads(devstage_stager* sta
 
 /* Ends the run: copies back Out and InOut args when `execution` is DEVSTAGE_OK (pass the
  * kernel's failure to copy nothing back), releases what the run holds, and returns the first
- * failure of its own copy-backs and releases. The kernel must have completed. The run handle
- * is consumed, except for a run of another stager (DEVSTAGE_INVALID_ARGUMENT): that one is
- * left as it was. */
+ * failure of its own copy-backs and releases. The kernel must have completed. A finish that
+ * ran consumes the run handle, whatever it returned; a refused one (a run of another stager, a
+ * stream that is not a live stream of the stager's backend and device: DEVSTAGE_INVALID_ARGUMENT)
+ * leaves the run live and usable, as it was. */
 DEVSTAGE_C_API devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devstage_status execution);
 /* As devstage_finish, enqueued on `stream` after the kernel there; *completion tells when the
  * outputs are in host memory. On another stream than the bind's, `stream` first waits for the
@@ -429,13 +430,23 @@ typedef struct devstage_tensor_shape {
 DEVSTAGE_C_API devstage_status devstage_frame_create(devstage_stager* stager, const devstage_tensor_shape* shapes,
                                                      size_t count, devstage_frame** frame);
 /* Tensor i's bytes in the frame (aligned to 1024); NULL and 0 for a device-resident or
- * zero-byte tensor. Outputs are copied back here. */
+ * zero-byte tensor. Outputs are copied back here. A frame answers while its memory is its own:
+ * from devstage_frame_create until its slot is taken by a later frame or bind (which the stager
+ * allows once the frame's run ended), or the stager is released, reserved, abandoned or
+ * destroyed; then DEVSTAGE_INVALID_ARGUMENT saying which, never an address that is another
+ * run's or freed. */
 DEVSTAGE_C_API devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void** data, size_t* bytes);
+/* Every tensor's place at once, as devstage_frame_host gives each: data[0..count) and, unless
+ * `bytes` is NULL, bytes[0..count). `count` must be the frame's number of tensors. */
+DEVSTAGE_C_API devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, size_t* bytes,
+                                                    size_t count);
+/* The pipeline slot the frame lays out (its memory is that slot's mirror). */
+DEVSTAGE_C_API devstage_status devstage_frame_slot(const devstage_frame* frame, size_t* slot);
 DEVSTAGE_C_API devstage_status devstage_bind_frame(devstage_stager* stager, const devstage_frame* frame,
                                                    devstage_run** run);
 DEVSTAGE_C_API devstage_status devstage_bind_frame_on(devstage_stager* stager, const devstage_frame* frame,
                                                       devstage_stream stream, devstage_run** run);
-/* Frees the handle (a view). Its memory stays valid while the frame's slot is held. */
+/* Frees the handle (a view). Its memory stays the frame's as devstage_frame_host says. */
 DEVSTAGE_C_API devstage_status devstage_frame_destroy(devstage_frame* frame);
 
 /* A stager's counters since its creation: every StagerStats counter, field for field (new
