@@ -47,8 +47,8 @@ struct FakeRoot {
         std::ofstream(root + "/" + path) << text;
     }
     void status(const std::string& capabilities, std::uint64_t locked_kb) const {
-        write("proc/self/status", "Name:\ttest\nVmLck:\t" + std::to_string(locked_kb) +
-                                      " kB\nVmPin:\t0 kB\nCapEff:\t" + capabilities + "\n");
+        write("proc/self/status", "Name:\ttest\nVmLck:\t" + std::to_string(locked_kb) + " kB\nVmPin:\t0 kB\nCapEff:\t" +
+                                      capabilities + "\n");
     }
     PinLimits limits(bool rdma = false) const {
         return PinLimits{.check = true, .cgroup_root = root + "/cgroup", .proc_root = root + "/proc", .rdma = rdma};
@@ -102,8 +102,7 @@ TEST_CASE("pin limits: the cgroup's memory limit is the tightest on the process'
     CHECK(cgroup_memory_limit().ok());
 }
 
-TEST_CASE("pin limits: a request is checked against the cgroup's limit with what is pinned already",
-          "[pin_limits]") {
+TEST_CASE("pin limits: a request is checked against the cgroup's limit with what is pinned already", "[pin_limits]") {
     FakeRoot fake;
     fake.write("proc/self/cgroup", "0::/job\n");
     fake.write("cgroup/job/memory.max", "8388608\n");  // 8 MiB
@@ -123,8 +122,7 @@ TEST_CASE("pin limits: a request is checked against the cgroup's limit with what
     CHECK(check_pin_request(64 * mib, 0, off, false).ok());
 }
 
-TEST_CASE("pin limits: RLIMIT_MEMLOCK binds mlock and RDMA pinning, not a process with CAP_IPC_LOCK",
-          "[pin_limits]") {
+TEST_CASE("pin limits: RLIMIT_MEMLOCK binds mlock and RDMA pinning, not a process with CAP_IPC_LOCK", "[pin_limits]") {
     FakeRoot fake;
     const MemlockLimit limit(4 * mib);
     fake.status("0000000000000000", 0);
@@ -148,17 +146,16 @@ TEST_CASE("pin limits: a pool refuses a big request past a limit before anything
     fake.write("proc/self/cgroup", "0::/job\n");
     fake.write("cgroup/job/memory.max", std::to_string(6 * mib) + "\n");
     MockBackend mock;
-    PinnedHostPool<MockBackend> pool(mock, {},
-                                     PinnedPoolOptions{.exact = {.threshold = mib}, .limits = fake.limits()});
+    PinnedHostPool<MockBackend> pool(mock, {}, PinnedPoolOptions{.exact = {.threshold = mib}, .limits = fake.limits()});
     auto first = pool.allocate(4 * mib);  // fits
     REQUIRE(first.ok());
     CHECK(mock.live_registrations() == 1);  // one chunk: the backend's default is 1 GiB
     const std::uint64_t registers = mock.calls(MockOp::host_register);
     const Result<PinnedBuffer> over = pool.allocate(3 * mib);  // 4 + 3 > 6
     CHECK(over.status().code() == Errc::out_of_memory);
-    CHECK_THAT(std::string(over.status().message()),
-               Catch::Contains("pinning 3145728 bytes") && Catch::Contains("6291456 bytes") &&
-                   Catch::Contains("4194304 bytes are pinned already"));
+    CHECK_THAT(std::string(over.status().message()), Catch::Contains("pinning 3145728 bytes") &&
+                                                         Catch::Contains("6291456 bytes") &&
+                                                         Catch::Contains("4194304 bytes are pinned already"));
     const Result<PinnedRegionHandle> region = pool.create_region(3 * mib);
     CHECK(region.status().code() == Errc::out_of_memory);
     CHECK(mock.calls(MockOp::host_register) == registers);  // nothing was pinned
@@ -169,9 +166,10 @@ TEST_CASE("pin limits: a pool refuses a big request past a limit before anything
     CHECK(pool.allocate(1000).ok());
 }
 
-TEST_CASE("pin limits: the simulator under a low RLIMIT_MEMLOCK still pins unlocked and says so; a big request "
-          "past it is refused, nothing pinned",
-          "[pin_limits]") {
+TEST_CASE(
+    "pin limits: the simulator under a low RLIMIT_MEMLOCK still pins unlocked and says so; a big request "
+    "past it is refused, nothing pinned",
+    "[pin_limits]") {
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {

@@ -366,8 +366,7 @@ TEST_CASE("pinned devices: another device's stream is refused when recorded, and
     }
     gate.open();
     REQUIRE(gpu1.synchronize().ok());
-    CHECK(test::read_device(gpu1, device1.get(), block_bytes) ==
-          std::vector<std::byte>(block_bytes, std::byte{0x11}));
+    CHECK(test::read_device(gpu1, device1.get(), block_bytes) == std::vector<std::byte>(block_bytes, std::byte{0x11}));
     later.clear();
     REQUIRE(pool.forget(gpu1).ok());
     CHECK(gpu1.destroy_stream(*stream1).ok());

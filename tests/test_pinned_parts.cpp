@@ -260,10 +260,13 @@ TEST_CASE("pinned parts: ChunkedRegistration in background threads shows progres
     Mapping more(64 * page);
     std::atomic<int> completions{0};
     ChunkedRegistration<MockBackend> parallel(free_running, more.base, 64 * page, page);
-    REQUIRE(parallel.start(4, [&](const Status& status) {
-                        CHECK(status.ok());
-                        ++completions;
-                    }).ok());
+    REQUIRE(parallel
+                .start(4,
+                       [&](const Status& status) {
+                           CHECK(status.ok());
+                           ++completions;
+                       })
+                .ok());
     parallel.join();
     CHECK(completions == 1);
     CHECK(free_running.live_registrations() == 64);

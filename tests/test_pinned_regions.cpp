@@ -254,7 +254,7 @@ TEST_CASE("pinned regions: above the threshold a request is pinned at its exact 
     CHECK(stats.registered_chunks == 5);
     std::memset(big->data(), 0x5A, asked);
     void* const block = big->data();
-    big->reset();  // cached by its exact size
+    big->reset();                            // cached by its exact size
     auto again = pool.allocate(asked - 50);  // the same whole pages
     REQUIRE(again.ok());
     CHECK(again->data() == block);
@@ -274,8 +274,7 @@ TEST_CASE("pinned regions: a chunk that fails rolls the exact request back whole
     for (std::uint64_t failing = 1; failing <= 3; ++failing) {
         INFO("chunk " << failing << " fails");
         MockBackend mock;
-        PinnedHostPool<MockBackend> pool(mock, {},
-                                         PinnedPoolOptions{.exact = {.threshold = mib, .chunk_bytes = mib}});
+        PinnedHostPool<MockBackend> pool(mock, {}, PinnedPoolOptions{.exact = {.threshold = mib, .chunk_bytes = mib}});
         mock.fail_call(MockOp::host_register, failing);
         const Result<PinnedBuffer> failed = pool.allocate(3 * mib);
         CHECK(failed.status().code() == Errc::backend_failure);
@@ -361,8 +360,7 @@ TEST_CASE("pinned regions: a region registered in the background shows its progr
         CHECK_FALSE(region->ready().value());
         const Result<PinnedBuffer> early = region->allocate(64);
         CHECK(early.status().code() == Errc::busy);
-        CHECK_THAT(std::string(early.status().message()),
-                   Catch::Contains(std::to_string(chunk - 1) + " of 3 chunks"));
+        CHECK_THAT(std::string(early.status().message()), Catch::Contains(std::to_string(chunk - 1) + " of 3 chunks"));
         CHECK(log.added.empty());  // not a region before it is registered
         mock.permit(1);
     }
@@ -467,9 +465,10 @@ TEST_CASE("pinned regions: a backend without host_register pins a region with on
     CHECK(backend.live == 0);
 }
 
-TEST_CASE("pinned regions: a 3 GiB region on the simulator is pinned in chunks, progress observed, at most 1.01x "
-          "locked",
-          "[pinned_regions][threads]") {
+TEST_CASE(
+    "pinned regions: a 3 GiB region on the simulator is pinned in chunks, progress observed, at most 1.01x "
+    "locked",
+    "[pinned_regions][threads]") {
     const std::size_t bytes = region_test_bytes();
     const std::size_t chunk = bytes / 3 / page * page;  // three chunks and a remainder at most
     INFO(bytes << " bytes (DEVSTAGE_TEST_REGION_BYTES)");

@@ -183,8 +183,7 @@ TEST_CASE("teardown: memory left pinned past aclrtResetDevice is what the stand-
     CHECK_THAT(std::string(shim.last_violation()), Catch::Contains("1 aclrtMallocHost allocation"));
 }
 
-TEST_CASE("teardown: CudaBackend::reset_device gives every pinned byte back first, healthy or faulted",
-          "[teardown]") {
+TEST_CASE("teardown: CudaBackend::reset_device gives every pinned byte back first, healthy or faulted", "[teardown]") {
     const CudaShim shim;
     for (const bool fault : {false, true}) {
         INFO((fault ? "after a sticky fault" : "healthy"));
@@ -197,9 +196,9 @@ TEST_CASE("teardown: CudaBackend::reset_device gives every pinned byte back firs
         void* device = *gpu->device_malloc(4096);
         std::optional<Holdings<CudaBackend>> h;
         h.emplace(*gpu, *stream, device);
-        shim.event_not_ready(1000);  // the pending block stays pending until a wait
-        CHECK(shim.live_pinned(0, 0) > 0);  // cudaHostAlloc blocks
-        CHECK(shim.live_pinned(0, 1) > 0);  // the exact block's and the region's chunks
+        shim.event_not_ready(1000);             // the pending block stays pending until a wait
+        CHECK(shim.live_pinned(0, 0) > 0);      // cudaHostAlloc blocks
+        CHECK(shim.live_pinned(0, 1) > 0);      // the exact block's and the region's chunks
         if (fault) shim.set_sticky_error(700);  // cudaErrorIllegalAddress, sticky
         const Status reset = gpu->reset_device();
         CHECK(reset.ok());

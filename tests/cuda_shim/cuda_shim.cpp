@@ -134,9 +134,9 @@ std::map<std::uintptr_t, std::size_t> registered;     // cudaHostRegister ranges
 std::map<std::uintptr_t, unsigned> registered_flags;  // their cudaHostRegister flags
 std::map<std::uintptr_t, int> registered_owner;       // the device current at their cudaHostRegister
 std::size_t reset_violations = 0;                     // resets that found pinned memory still there
-int sticky_error = 0;  // a device fault: every wait answers it until cudaDeviceReset
+int sticky_error = 0;                                 // a device fault: every wait answers it until cudaDeviceReset
 std::string last_violation;
-int host_numa_id[device_count] = {-1, -1};            // cudaDevAttrHostNumaId
+int host_numa_id[device_count] = {-1, -1};  // cudaDevAttrHostNumaId
 std::string pci_bus_id[device_count] = {"0000:17:00.0", "0000:65:00.0"};
 std::map<void*, Stream*> streams;
 std::map<void*, Event*> events;

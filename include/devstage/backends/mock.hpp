@@ -340,10 +340,23 @@ public:
         std::lock_guard lock(mutex_);
         return pinned_.size();
     }
-    /// Ranges pinned in place with host_register and not unregistered yet.
+    /// Bytes of the pinned allocations live now.
+    std::size_t live_pinned_bytes() const noexcept {
+        std::lock_guard lock(mutex_);
+        std::size_t bytes = 0;
+        pinned_.for_each([&](void*, const auto& entry) { bytes += entry.bytes; });
+        return bytes;
+    }
+    /// Ranges pinned in place with host_register and not unregistered yet, and their bytes.
     std::size_t live_registrations() const noexcept {
         std::lock_guard lock(mutex_);
         return registered_.size();
+    }
+    std::size_t live_registered_bytes() const noexcept {
+        std::lock_guard lock(mutex_);
+        std::size_t bytes = 0;
+        registered_.for_each([&](void*, const detail::HostRegistry::Range& range) { bytes += range.bytes; });
+        return bytes;
     }
     std::size_t live_streams() const noexcept {
         std::lock_guard lock(mutex_);

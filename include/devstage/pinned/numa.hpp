@@ -151,9 +151,7 @@ inline std::optional<std::string> sysfs_pci_address(std::string_view address) no
     }
     while (domain.size() > 4 && domain.front() == '0') domain.remove_prefix(1);
     std::string out;
-    if (!try_host_allocation([&] {
-            out.append(domain).append(":").append(rest);
-        })) {
+    if (!try_host_allocation([&] { out.append(domain).append(":").append(rest); })) {
         return std::nullopt;
     }
     for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -127,7 +127,8 @@ public:
 
     /// A PinnedBuffer of `bytes` (> 0) inside the region, aligned to `alignment` (a power of
     /// two): a live allocation of the pool like any other (record(), release(), describe()).
-    /// busy while the region is registering; out_of_memory when nothing fits.
+    /// busy while the region is registering; out_of_memory when nothing fits; invalid_argument
+    /// once the pool was destroyed (its slices stay valid, no new one is handed out).
     Result<PinnedBuffer> allocate(std::size_t bytes, std::size_t alignment = 1) noexcept {
         if (!core_) return Status(Errc::invalid_argument, "pinned region: the handle is empty");
         Result<detail::PinnedCore::Grant> grant =

@@ -33,9 +33,9 @@ struct PinnedBlock {
     std::size_t capacity = 0;  ///< its bytes (a mapping: its length, whole pages)
     int node = -1;             ///< >= 0: bound to that NUMA node
     BlockSource source = BlockSource::malloc;
-    std::size_t chunk = 0;      ///< mapped: the bytes of each registration (the last may be shorter)
-    std::uint64_t region = 0;   ///< the region it is (malloc, mapped) or lies in (slice); 0: none
-    bool exact = false;         ///< pinned at the size asked for (page-rounded), not a size class
+    std::size_t chunk = 0;     ///< mapped: the bytes of each registration (the last may be shorter)
+    std::uint64_t region = 0;  ///< the region it is (malloc, mapped) or lies in (slice); 0: none
+    bool exact = false;        ///< pinned at the size asked for (page-rounded), not a size class
 };
 
 /// A stream whose enqueued work uses a block, the backend the stream belongs to (events are

@@ -36,8 +36,9 @@ public:
     /// the cache.
     std::optional<PinnedBlock> take_idle(std::size_t capacity, int node) noexcept {
         const auto [first, last] = cache_.equal_range(capacity);
-        const auto found = std::find_if(
-            first, last, [node](const auto& entry) { return !entry.second.pending() && entry.second.block.node == node; });
+        const auto found = std::find_if(first, last, [node](const auto& entry) {
+            return !entry.second.pending() && entry.second.block.node == node;
+        });
         if (found == last) return std::nullopt;
         const PinnedBlock block = found->second.block;
         count(found->second, false, -1);
@@ -50,8 +51,9 @@ public:
     /// takes it.
     std::optional<Node> take_pending(std::size_t capacity, int node) noexcept {
         const auto [first, last] = cache_.equal_range(capacity);
-        const auto found = std::find_if(
-            first, last, [node](const auto& entry) { return !entry.second.unknown && entry.second.block.node == node; });
+        const auto found = std::find_if(first, last, [node](const auto& entry) {
+            return !entry.second.unknown && entry.second.block.node == node;
+        });
         if (found == last) return std::nullopt;
         count(found->second, false, -1);
         return cache_.extract(found);
@@ -129,9 +131,7 @@ public:
     bool has_retiring() const noexcept { return !retiring_.empty(); }
     bool has_cached() const noexcept { return !cache_.empty(); }
     /// The retiring blocks, and their bytes.
-    std::pair<std::uint64_t, std::uint64_t> retiring() const noexcept {
-        return {retiring_.size(), retiring_bytes_};
-    }
+    std::pair<std::uint64_t, std::uint64_t> retiring() const noexcept { return {retiring_.size(), retiring_bytes_}; }
 
     /// Adds the cache's counters to `stats`.
     void add_to(PinnedStats& stats) const noexcept {

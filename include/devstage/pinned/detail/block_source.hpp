@@ -109,8 +109,9 @@ public:
         Result<PinnedBlock> block = pin(capacity, node, exact);
         if (!block) {
             const Status& cause = block.status();
-            return Status(cause.code(), message_or_empty("pinned pool allocate: ", capacity, " bytes (", asked,
-                                                         " asked) from backend '", name_, "' failed: ", cause.message()));
+            return Status(cause.code(),
+                          message_or_empty("pinned pool allocate: ", capacity, " bytes (", asked,
+                                           " asked) from backend '", name_, "' failed: ", cause.message()));
         }
         if (Status listed = list(*block, "pinned pool allocate"); !listed) return listed;
         return block;
@@ -171,9 +172,9 @@ public:
             locked_bytes_.fetch_sub(block.capacity, std::memory_order_relaxed);
         }
         if (!status) {
-            return Status(status.code(), message_or_empty("pinned pool: freeing a ", block.capacity,
-                                                          "-byte block failed on backend '", name_, "': ",
-                                                          status.message()));
+            return Status(status.code(),
+                          message_or_empty("pinned pool: freeing a ", block.capacity, "-byte block failed on backend '",
+                                           name_, "': ", status.message()));
         }
         return status;
     }

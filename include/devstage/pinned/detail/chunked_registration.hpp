@@ -134,9 +134,7 @@ public:
     }
 
 private:
-    std::size_t length_of(std::size_t i) const noexcept {
-        return i + 1 < chunks_ ? chunk_ : length_ - i * chunk_;
-    }
+    std::size_t length_of(std::size_t i) const noexcept { return i + 1 < chunks_ ? chunk_ : length_ - i * chunk_; }
 
     Status register_one(void* at, std::size_t bytes) noexcept {
         if constexpr (HostRegisterBackend<B>) {
@@ -166,8 +164,8 @@ private:
                 if (failure_.ok()) {
                     failure_ = Status(registered.code(),
                                       message_or_empty("host_register of chunk ", i + 1, " of ", chunks_, " (",
-                                                       length_of(i), " bytes at offset ", i * chunk_, " of ",
-                                                       length_, ") failed: ", registered.message()));
+                                                       length_of(i), " bytes at offset ", i * chunk_, " of ", length_,
+                                                       ") failed: ", registered.message()));
                 }
                 failed_.store(true, std::memory_order_relaxed);
                 return;
@@ -188,9 +186,9 @@ private:
         }
         if (outcome.ok() && cancelled_.load(std::memory_order_relaxed) &&
             chunks_registered_.load(std::memory_order_relaxed) < chunks_) {
-            outcome = Status(Errc::invalid_argument,
-                             message_or_empty("the registration was cancelled after ", chunks_registered_.load(),
-                                              " of ", chunks_, " chunks"));
+            outcome =
+                Status(Errc::invalid_argument, message_or_empty("the registration was cancelled after ",
+                                                                chunks_registered_.load(), " of ", chunks_, " chunks"));
         }
         if (outcome.ok()) return outcome;
         if (Status undone = unregister_all(); !undone) {

@@ -80,9 +80,7 @@ public:
     using Event = typename PinnedStreamTypes<B>::Event;
 
     PinnedPoolCore(B& backend, Cache cache, PinnedPoolOptions options)
-        : source_(backend, sink_, std::move(options)),
-          events_(sink_),
-          cache_(max_cached(cache)) {
+        : source_(backend, sink_, std::move(options)), events_(sink_), cache_(max_cached(cache)) {
         if constexpr (TeardownBackend<B>) hook(backend);
     }
     PinnedPoolCore(const PinnedPoolCore&) = delete;
@@ -248,8 +246,8 @@ public:
             std::lock_guard lock(mutex_);
             if (const auto live = registry_.containing(pointer)) {
                 const auto start = reinterpret_cast<std::uintptr_t>(live->first);
-                bytes = live->second->requested - static_cast<std::size_t>(
-                                                      reinterpret_cast<std::uintptr_t>(pointer) - start);
+                bytes = live->second->requested -
+                        static_cast<std::size_t>(reinterpret_cast<std::uintptr_t>(pointer) - start);
             }
         }
         return RegionSlice{region->id, offset, bytes};
@@ -263,9 +261,9 @@ public:
                           message_or_empty("pinned pool create_region: 0 bytes requested on backend '", name(), "'"));
         }
         if (options.numa_node < -1 || options.numa_node >= max_numa_nodes) {
-            return Status(Errc::invalid_argument, message_or_empty("pinned pool create_region: NUMA node ",
-                                                                   options.numa_node, " is not -1 or a node below ",
-                                                                   max_numa_nodes));
+            return Status(Errc::invalid_argument,
+                          message_or_empty("pinned pool create_region: NUMA node ", options.numa_node,
+                                           " is not -1 or a node below ", max_numa_nodes));
         }
         const std::optional<std::size_t> capacity = round_up(bytes, page_bytes());
         if (!capacity) {
@@ -284,22 +282,23 @@ public:
             if (!mapped) return region_failure(bytes, mapped.status());
             if (!try_host_allocation([&] { region = std::make_shared<Region>(id, *mapped, bytes); }) ||
                 !try_host_allocation([&] {
-                    region->set_registration(std::make_unique<ChunkedRegistration<B>>(
-                        backend(), mapped->base, mapped->capacity, mapped->chunk));
+                    region->set_registration(std::make_unique<ChunkedRegistration<B>>(backend(), mapped->base,
+                                                                                      mapped->capacity, mapped->chunk));
                 })) {
                 ::munmap(mapped->base, mapped->capacity);
                 return region_failure(bytes, Status(Errc::out_of_memory, "host memory exhausted"));
             }
         } else {
             if (options.numa_node >= 0) {
-                return region_failure(bytes, Status(Errc::not_supported, "the backend cannot pin memory in place, "
-                                                                         "so it cannot be bound to a NUMA node"));
+                return region_failure(bytes, Status(Errc::not_supported,
+                                                    "the backend cannot pin memory in place, "
+                                                    "so it cannot be bound to a NUMA node"));
             }
             if (*capacity > pinned_malloc_limit<B>()) {
                 return region_failure(
-                    bytes, Status(Errc::out_of_memory,
-                                  message_or_empty("one pinned_malloc may ask for at most ", pinned_malloc_limit<B>(),
-                                                   " bytes on this backend")));
+                    bytes,
+                    Status(Errc::out_of_memory, message_or_empty("one pinned_malloc may ask for at most ",
+                                                                 pinned_malloc_limit<B>(), " bytes on this backend")));
             }
             Result<void*> memory = backend().pinned_malloc(*capacity);
             if (!memory) return region_failure(bytes, memory.status());
@@ -371,9 +370,9 @@ public:
         if (!region) return unknown_region(id);
         region->stop();
         if (region->state() == RegionState::ready) {
-            return Status(Errc::invalid_argument,
-                          message_or_empty("pinned region ", id, ": registered already, nothing to cancel; drop its "
-                                                                 "handle to free it"));
+            return Status(Errc::invalid_argument, message_or_empty("pinned region ", id,
+                                                                   ": registered already, nothing to cancel; drop its "
+                                                                   "handle to free it"));
         }
         return {};
     }
@@ -392,14 +391,15 @@ public:
         if (!region->slices) {
             const RegionProgress progress = region->progress();
             if (progress.state == RegionState::registering) {
-                return Status(Errc::busy, message_or_empty("pinned region ", id, " allocate: the region is still "
-                                                                                 "registering (",
+                return Status(Errc::busy, message_or_empty("pinned region ", id,
+                                                           " allocate: the region is still "
+                                                           "registering (",
                                                            progress.chunks_registered, " of ", progress.chunks_total,
                                                            " chunks); nothing of it is handed out before"));
             }
             return Status(Errc::invalid_argument,
-                          message_or_empty("pinned region ", id, " allocate: the region is not registered: ",
-                                           region->failure().message()));
+                          message_or_empty("pinned region ", id,
+                                           " allocate: the region is not registered: ", region->failure().message()));
         }
         const std::optional<std::size_t> offset = region->slices->allocate(bytes, alignment);
         if (!offset) {
@@ -717,12 +717,11 @@ private:
                         continue;
                     }
                     if (const Status waited = events_.wait_for(entry); !waited) {
-                        tally.add(Status(waited.code(), message_or_empty("pinned pool ", what,
-                                                                         ": waiting for the work recorded on a ",
-                                                                         entry.block.capacity,
-                                                                         "-byte block failed on backend '", name(),
-                                                                         "': ", waited.message(),
-                                                                         "; the block stays allocated")));
+                        tally.add(
+                            Status(waited.code(),
+                                   message_or_empty("pinned pool ", what, ": waiting for the work recorded on a ",
+                                                    entry.block.capacity, "-byte block failed on backend '", name(),
+                                                    "': ", waited.message(), "; the block stays allocated")));
                         entry.unknown = true;
                         std::lock_guard lock(mutex_);
                         cache_.retire(std::move(node));
@@ -817,10 +816,10 @@ private:
             if (closing) (void)events_.destroy_idle();
         }
         if (!closing && held > 0) {
-            report(Status(Errc::leaked,
-                          message_or_empty("pinned pool finalize: ", held, " allocation(s) still live, ", held_bytes,
-                                           " bytes, on backend '", name(),
-                                           "'; they stay valid and go back to the backend when released")));
+            report(
+                Status(Errc::leaked, message_or_empty("pinned pool finalize: ", held, " allocation(s) still live, ",
+                                                      held_bytes, " bytes, on backend '", name(),
+                                                      "'; they stay valid and go back to the backend when released")));
         } else if (closing && held + raw > 0) {
             report(Status(Errc::leaked,
                           message_or_empty("pinned pool destroyed: ", held + raw, " allocation(s) still live, ",
@@ -875,9 +874,8 @@ private:
             outcome = source_.regions().add(listed, "pinned pool create_region");
             if (outcome) {
                 std::lock_guard lock(mutex_);
-                if (try_host_allocation([&] {
-                        region.slices.emplace(block.capacity, reinterpret_cast<std::uintptr_t>(block.base));
-                    })) {
+                if (try_host_allocation(
+                        [&] { region.slices.emplace(block.capacity, reinterpret_cast<std::uintptr_t>(block.base)); })) {
                     region.settle(RegionState::ready, {});
                     return;
                 }
@@ -957,9 +955,10 @@ private:
                 if (hooked.backend == &backend) return;
             }
             if (!try_host_allocation([&] { entry = &hooked_.emplace_back(Hooked{this, &backend, 0}); })) {
-                report(Status(Errc::out_of_memory,
-                              message_or_empty("pinned pool: host memory exhausted hooking to the teardown of backend '",
-                                               backend.name(), "'")));
+                report(
+                    Status(Errc::out_of_memory,
+                           message_or_empty("pinned pool: host memory exhausted hooking to the teardown of backend '",
+                                            backend.name(), "'")));
                 return;
             }
         }
@@ -1183,10 +1182,10 @@ private:
                                        " is not a live allocation of this pool (backend '", name(), "')"));
     }
     static Status refused(const B& backend, const void* pointer, const Status& cause) noexcept {
-        return Status(cause.code(),
-                      message_or_empty("pinned pool record: the stream was refused by backend '", backend.name(), "' (",
-                                       static_cast<const void*>(&backend), "), the backend named for the stream: ",
-                                       cause.message(), "; nothing was recorded for ", pointer));
+        return Status(cause.code(), message_or_empty("pinned pool record: the stream was refused by backend '",
+                                                     backend.name(), "' (", static_cast<const void*>(&backend),
+                                                     "), the backend named for the stream: ", cause.message(),
+                                                     "; nothing was recorded for ", pointer));
     }
 
     static std::size_t max_cached(const Cache& cache) noexcept {
@@ -1209,7 +1208,7 @@ private:
     bool open_for_cache_ = caching;  ///< cacheable(), for PinnedForget
     std::uint64_t cache_hits_ = 0, cache_misses_ = 0, pending_skips_ = 0;
     std::uint64_t revoked_allocations_ = 0, revoked_bytes_ = 0;
-    std::mutex hooks_mutex_;   ///< hooked_
+    std::mutex hooks_mutex_;    ///< hooked_
     std::list<Hooked> hooked_;  ///< the teardowns the core is hooked to (stable addresses)
 };
 

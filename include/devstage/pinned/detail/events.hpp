@@ -186,12 +186,12 @@ public:
         count_wait();
         if (const Status synced = synchronize_devices(entry, true); !synced) {
             entry.unknown = true;
-            sink_->report(Status(synced.code(),
-                                 message_or_empty("pinned pool ", what, ": ", synced.message(), "; the ",
-                                                  entry.block.capacity,
-                                                  "-byte block is kept, never reused, until trim(), finalize() or "
-                                                  "the pool's destruction can wait for its work (backend '",
-                                                  pool_backend, "')")));
+            sink_->report(
+                Status(synced.code(),
+                       message_or_empty("pinned pool ", what, ": ", synced.message(), "; the ", entry.block.capacity,
+                                        "-byte block is kept, never reused, until trim(), finalize() or "
+                                        "the pool's destruction can wait for its work (backend '",
+                                        pool_backend, "')")));
             return;
         }
         recycle(entry);
@@ -265,9 +265,9 @@ public:
         if (event) recycle(Use{&backend, stream, *event, true, true});
         if (waited) return waited;
         if (Status synced = synchronize_device(backend); !synced) {
-            return Status(waited.code(), message_or_empty("pinned pool ", what, ": waiting for a stream of backend '",
-                                                          backend.name(), "' failed: ", waited.message(), "; then ",
-                                                          synced.message()));
+            return Status(waited.code(),
+                          message_or_empty("pinned pool ", what, ": waiting for a stream of backend '", backend.name(),
+                                           "' failed: ", waited.message(), "; then ", synced.message()));
         }
         return {};
     }
@@ -295,11 +295,11 @@ private:
     }
 
     void fail_mark(const Use& use, const Entry& entry, const char* what, const Status& failed) noexcept {
-        sink_->report(Status(failed.code(),
-                             message_or_empty("pinned pool ", what, ": recording an event after the work on a ",
-                                              entry.block.capacity, "-byte block failed on backend '",
-                                              use.backend->name(), "': ", failed.message(),
-                                              "; synchronizing the device instead")));
+        sink_->report(
+            Status(failed.code(),
+                   message_or_empty("pinned pool ", what, ": recording an event after the work on a ",
+                                    entry.block.capacity, "-byte block failed on backend '", use.backend->name(),
+                                    "': ", failed.message(), "; synchronizing the device instead")));
     }
 
     const PinnedSink* sink_;

@@ -36,7 +36,11 @@ public:
     /// The core's parts; `cacheable` says, under `mutex`, whether a block may wait in the cache.
     PinnedForget(std::mutex& mutex, PinnedRegistry<B>& registry, PinnedBlockCache<B>& cache, PinnedEvents<B>& events,
                  const PinnedSink& sink, const bool& cacheable) noexcept
-        : mutex_(&mutex), registry_(&registry), cache_(&cache), events_(&events), sink_(&sink),
+        : mutex_(&mutex),
+          registry_(&registry),
+          cache_(&cache),
+          events_(&events),
+          sink_(&sink),
           cacheable_(&cacheable) {}
 
     /// Waits (the host blocks) for the work recorded on `backend`'s streams: for each live

@@ -88,10 +88,10 @@ public:
             if (!refused(node)) first = try_host_allocation([&] { refused_.push_back(node); });
         }
         if (first) {
-            sink_->report(Status(Errc::invalid_argument,
-                                 message_or_empty("pinned pool: NUMA node ", node, " refused: ",
-                                                  memory.status().message(), "; its devices are served from backend '",
-                                                  backend_name, "''s pinned_malloc memory")));
+            sink_->report(Status(
+                Errc::invalid_argument,
+                message_or_empty("pinned pool: NUMA node ", node, " refused: ", memory.status().message(),
+                                 "; its devices are served from backend '", backend_name, "''s pinned_malloc memory")));
         }
         return Status(Errc::not_supported, "numa: node refused");
     }

@@ -37,9 +37,9 @@ public:
         if (region.id == 0) region.id = next_region_id();
         std::lock_guard hooks(hooks_mutex_);
         if (Status accepted = call_added(hooks_, region); !accepted) {
-            return Status(accepted.code(), message_or_empty(what, ": the region hook refused region ", region.id, " (",
-                                                            region.bytes, " bytes at ", region.base,
-                                                            "): ", accepted.message()));
+            return Status(accepted.code(),
+                          message_or_empty(what, ": the region hook refused region ", region.id, " (", region.bytes,
+                                           " bytes at ", region.base, "): ", accepted.message()));
         }
         bool listed = false;
         {
@@ -49,7 +49,7 @@ public:
         if (!listed) {
             if (hooks_.removing) hooks_.removing(region);
             return Status(Errc::out_of_memory, message_or_empty(what, ": host memory exhausted listing region ",
-                                                                 region.id, " (", region.bytes, " bytes)"));
+                                                                region.id, " (", region.bytes, " bytes)"));
         }
         return {};
     }
@@ -89,10 +89,9 @@ public:
                 for (auto done = listed.begin(); done != region; ++done) hooks.removing(*done);
             }
             for (const PinnedRegion& again : listed) (void)call_added(hooks_, again);
-            return Status(accepted.code(),
-                          message_or_empty("set_region_hooks: the new hook refused region ", region->id, " (",
-                                           region->bytes, " bytes at ", region->base, "): ", accepted.message(),
-                                           "; the previous hooks stay"));
+            return Status(accepted.code(), message_or_empty("set_region_hooks: the new hook refused region ",
+                                                            region->id, " (", region->bytes, " bytes at ", region->base,
+                                                            "): ", accepted.message(), "; the previous hooks stay"));
         }
         hooks_ = std::move(hooks);
         return {};
