@@ -128,6 +128,9 @@ void after_teardown(Holdings<B>& h) {
     CHECK(refused.status().code() == Errc::invalid_argument);
     CHECK_THAT(std::string(refused.status().message()), Catch::Contains("torn down"));
     CHECK(h.pool.create_region(4096).status().code() == Errc::invalid_argument);
+    if constexpr (AsyncBackend<B>) {  // no work may use the pool's memory any more
+        CHECK(h.pool.record(h.held, typename B::Stream{}).code() == Errc::invalid_argument);
+    }
     CHECK(h.pool.regions().empty());  // every region was removed
     CHECK(h.pool.stats().locked_bytes == 0);
     CHECK(reported("was torn down while"));

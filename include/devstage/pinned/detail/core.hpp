@@ -440,6 +440,11 @@ public:
                   bool check) noexcept requires streams {
         {
             std::lock_guard lock(mutex_);
+            if (torn_down_) {
+                return Status(Errc::invalid_argument,
+                              message_or_empty("pinned pool record: backend '", name(),
+                                               "' was torn down: no work may use the pool's memory any more"));
+            }
             Live* live = registry_.find(pointer, id);
             if (live == nullptr) return not_live(pointer);
             if (PinnedRegistry<B>::find_use(*live, backend, stream) != nullptr) return {};

@@ -131,13 +131,6 @@ public:
         }
     }
 
-    /// Forgets the events of `backend` that are neither idle nor given back: those held by
-    /// uses dropped without their backend (it was torn down, and its events with it).
-    void abandon(const B* backend) noexcept {
-        std::lock_guard lock(mutex_);
-        std::erase_if(stocks_, [&](const Stock& stock) { return stock.backend == backend; });
-    }
-
     /// True when the pool owns events of `backend`.
     bool holds_events_of(const B* backend) const noexcept {
         std::lock_guard lock(mutex_);
