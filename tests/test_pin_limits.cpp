@@ -31,6 +31,20 @@ namespace fs = std::filesystem;
 
 constexpr std::size_t mib = std::size_t{1} << 20;
 
+// AddressSanitizer intercepts mlock and makes it succeed without locking anything, so under it
+// a refused mlock cannot be seen.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool mlock_is_real = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool mlock_is_real = false;
+#else
+constexpr bool mlock_is_real = true;
+#endif
+#else
+constexpr bool mlock_is_real = true;
+#endif
+
 /// A fake /proc and cgroup tree in a temporary directory.
 struct FakeRoot {
     FakeRoot() {
@@ -197,8 +211,12 @@ TEST_CASE(
             SimBackend sim;
             Result<void*> pinned = sim.pinned_malloc(4 * mib);  // past the limit: unlocked, and said
             expect(pinned.ok(), "sim pinned_malloc past RLIMIT_MEMLOCK still works");
-            expect(pinned.ok() && !sim.pinned_locked(*pinned), "pinned_locked() says it is not locked");
-            expect(sim.stats().pinned_lock_failures == 1, "stats().pinned_lock_failures counts it");
+            if (mlock_is_real) {
+                expect(pinned.ok() && !sim.pinned_locked(*pinned), "pinned_locked() says it is not locked");
+                expect(sim.stats().pinned_lock_failures == 1, "stats().pinned_lock_failures counts it");
+            } else {
+                std::fprintf(stderr, "pin limits child: mlock is AddressSanitizer's no-op here: not checked\n");
+            }
             if (pinned) (void)sim.pinned_free(*pinned);
             PinnedHostPool<SimBackend> pool(sim, {}, PinnedPoolOptions{.exact = {.threshold = mib}});
             const std::uint64_t pinned_before = sim.stats().live_pinned_bytes;
