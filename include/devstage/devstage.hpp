@@ -15,6 +15,7 @@
 #include "devstage/pageable.hpp"
 #include "devstage/pinned.hpp"
 #include "devstage/plan.hpp"
+#include "devstage/region.hpp"
 #include "devstage/run.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/stats.hpp"
@@ -26,6 +27,7 @@
 #include "devstage/strategy/retained_bump.hpp"
 #include "devstage/strategy/retained_vmm.hpp"
 #include "devstage/stream.hpp"
+#include "devstage/teardown.hpp"
 #include "devstage/tensor.hpp"
 
 #endif  // DEVSTAGE_CXX20

@@ -35,11 +35,13 @@
 #include "devstage/backends/detail/mock_engine.hpp"
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/detail/mock_streams.hpp"
+#include "devstage/backends/detail/teardown_list.hpp"
 #include "devstage/backends/mock_config.hpp"
 #include "devstage/backends/mock_journal.hpp"
 #include "devstage/detail/util/align.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
+#include "devstage/teardown.hpp"
 
 namespace devstage {
 
@@ -82,9 +84,11 @@ public:
     explicit MockBackend(MockConfig config) noexcept : config_(config) {}
     MockBackend(const MockBackend&) = delete;
     MockBackend& operator=(const MockBackend&) = delete;
-    /// Reports allocations, streams and events never freed to the sink, then frees them.
-    /// Work still pending never runs.
+    /// Runs the teardown hooks (pinned pools give back their memory), then reports
+    /// allocations, streams and events never freed to the sink, and frees them. Work still
+    /// pending never runs.
     ~MockBackend() {
+        teardown_.run_all();
         const std::string leaks = leak_report();
         if (!leaks.empty()) config_.sink(Status(Errc::leaked, leaks));
         const auto free_block = [](void*, const auto& entry) { std::free(entry.info); };
@@ -93,6 +97,10 @@ public:
     }
 
     std::string_view name() const noexcept { return "mock"; }
+
+    /// TeardownBackend: `hook` runs before the backend goes (not journaled).
+    Result<std::uint64_t> add_teardown_hook(TeardownHook hook) noexcept { return teardown_.add(hook, name()); }
+    void remove_teardown_hook(std::uint64_t id) noexcept { teardown_.remove(id); }
 
     Result<void*> device_malloc(std::size_t bytes) noexcept { return allocate(MockOp::device_malloc, device_, bytes); }
     /// Busy while pending work touches the allocation.
@@ -332,6 +340,24 @@ public:
         std::lock_guard lock(mutex_);
         return pinned_.size();
     }
+    /// Bytes of the pinned allocations live now.
+    std::size_t live_pinned_bytes() const noexcept {
+        std::lock_guard lock(mutex_);
+        std::size_t bytes = 0;
+        pinned_.for_each([&](void*, const auto& entry) { bytes += entry.bytes; });
+        return bytes;
+    }
+    /// Ranges pinned in place with host_register and not unregistered yet, and their bytes.
+    std::size_t live_registrations() const noexcept {
+        std::lock_guard lock(mutex_);
+        return registered_.size();
+    }
+    std::size_t live_registered_bytes() const noexcept {
+        std::lock_guard lock(mutex_);
+        std::size_t bytes = 0;
+        registered_.for_each([&](void*, const detail::HostRegistry::Range& range) { bytes += range.bytes; });
+        return bytes;
+    }
     std::size_t live_streams() const noexcept {
         std::lock_guard lock(mutex_);
         return engine_.live_streams();
@@ -420,6 +446,7 @@ private:
     detail::MockRecorder recorder_{config_.journal};
     detail::MockEngine engine_{recorder_, config_.deferred_async};
     detail::MockStreams streams_{recorder_, engine_, config_.not_ready_polls};
+    detail::TeardownList teardown_;
 };
 
 static_assert(Backend<MockBackend>);
@@ -434,6 +461,7 @@ static_assert(HostRegisterBackend<MockBackend>);
 static_assert(MappedHostBackend<MockBackend>);
 static_assert(KernelAccessBackend<MockBackend>);
 static_assert(HostAccessCheckBackend<MockBackend>);
+static_assert(TeardownBackend<MockBackend>);
 
 }  // namespace devstage
 

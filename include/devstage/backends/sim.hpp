@@ -33,11 +33,13 @@
 #include "devstage/backends/detail/sim_memory.hpp"
 #include "devstage/backends/detail/sim_streams.hpp"
 #include "devstage/backends/detail/sim_vmm.hpp"
+#include "devstage/backends/detail/teardown_list.hpp"
 #include "devstage/backends/sim_config.hpp"
 #include "devstage/backends/sim_host.hpp"
 #include "devstage/backends/sim_link.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
+#include "devstage/teardown.hpp"
 
 namespace devstage {
 
@@ -53,6 +55,8 @@ namespace devstage {
 class SimBackend {
 public:
     static constexpr std::size_t device_alignment = 256;
+    /// Pinning is mlock, bounded by RLIMIT_MEMLOCK: a pinned pool checks big requests against it.
+    static constexpr bool pins_with_mlock = true;
 
     /// A stream: its work runs in order on a thread of its own.
     struct Stream {
@@ -75,8 +79,16 @@ public:
     }
     SimBackend(const SimBackend&) = delete;
     SimBackend& operator=(const SimBackend&) = delete;
-    /// Drains and joins every live stream, then unmaps whatever is still allocated.
-    ~SimBackend() { streams_.shutdown(); }
+    /// Runs the teardown hooks (pinned pools give back their memory), then drains and joins
+    /// every live stream, then unmaps whatever is still allocated.
+    ~SimBackend() {
+        teardown_.run_all();
+        streams_.shutdown();
+    }
+
+    /// TeardownBackend: `hook` runs before the backend goes.
+    Result<std::uint64_t> add_teardown_hook(TeardownHook hook) noexcept { return teardown_.add(hook, name()); }
+    void remove_teardown_hook(std::uint64_t id) noexcept { teardown_.remove(id); }
 
     std::string_view name() const noexcept { return "sim"; }
     /// SimConfig::device.
@@ -403,6 +415,7 @@ private:
     detail::SimVirtualMemory vmm_{config_, stats_};
     detail::AddressMap<char> mapped_;  // map_host's mappings
     detail::SimStreams streams_{bounce_, stats_, *host_.state_, config_.device};
+    detail::TeardownList teardown_;
 };
 
 static_assert(Backend<SimBackend>);
@@ -419,6 +432,7 @@ static_assert(HostRegisterBackend<SimBackend>);
 static_assert(MappedHostBackend<SimBackend>);
 static_assert(KernelAccessBackend<SimBackend>);
 static_assert(StreamCheckBackend<SimBackend>);
+static_assert(TeardownBackend<SimBackend>);
 
 }  // namespace devstage
 
