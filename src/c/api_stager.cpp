@@ -381,7 +381,7 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
         state->stager = s->self;
         Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
-        state->frame.emplace(*made);
+        state->frame.emplace(std::move(*made));
         devstage_frame* handle = hand_out(std::move(state));
         if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
         *frame = handle;
