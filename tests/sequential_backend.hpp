@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
+#include "devstage/instrumentation.hpp"
 #include "devstage/status.hpp"
 
 namespace sequential {

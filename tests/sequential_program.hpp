@@ -1274,7 +1274,7 @@ private:
         log() << " -> slot " << frame->slot() << "\n";
         step.slot = frame->slot();
         if (!check_slot_taken(step, held, "frame()")) {
-            step.frame.emplace(*frame);
+            step.frame.emplace(std::move(*frame));
             step.phase = Phase::framed;
             return -1;  // the held frame's memory may be gone: the program stops here
         }
@@ -1282,18 +1282,19 @@ private:
             note("s" + std::to_string(step.id) + ": frame() waited on the host (" +
                  std::to_string(stats().host_waits - waits) + " host wait(s)) though a slot was idle");
         }
-        step.frame.emplace(*frame);
+        step.frame.emplace(std::move(*frame));
         const std::size_t count = step.spec.args.size();
         step.tensors.resize(count);
         step.model.resize(count);
         step.unknown.resize(count);
         step.defined.assign(count, false);
-        if (frame->size() != count) fail("s" + std::to_string(step.id) + ": the frame has the wrong number of tensors");
-        for (std::size_t i = 0; i < count && i < frame->size(); ++i) {
-            const std::span<std::byte> tensor = frame->host(i);
+        if (step.frame->size() != count)
+            fail("s" + std::to_string(step.id) + ": the frame has the wrong number of tensors");
+        for (std::size_t i = 0; i < count && i < step.frame->size(); ++i) {
+            const std::span<std::byte> tensor = step.frame->host(i);
             const ArgSpec& arg = step.spec.args[i];
             if (arg.where == Where::device) {
-                const TensorArg& passed = frame->args()[i];
+                const TensorArg& passed = step.frame->args()[i];
                 if (!tensor.empty() || passed.placement != Placement::Device || passed.data != pointer(arg) ||
                     passed.bytes != arg.bytes || passed.direction != arg.direction) {
                     fail("s" + std::to_string(step.id) + ": frame tensor " + std::to_string(i) +

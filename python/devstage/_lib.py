@@ -63,7 +63,7 @@ class StagerConfig(Structure):
         ("strategy", c_int), ("pack_limit", c_size_t), ("pipeline_slots", c_size_t),
         ("growth", c_int), ("growth_numerator", c_uint32), ("growth_denominator", c_uint32),
         ("growth_granule", c_size_t), ("growth_cap", c_size_t), ("grow_order", c_int),
-        ("output_policy", c_int),
+        ("output_policy", c_int), ("map_small", c_int),
     ]
 
 

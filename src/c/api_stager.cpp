@@ -63,37 +63,21 @@ Result<std::span<const devstage::TensorArg>> converted(const char* function, Sta
     return std::span<const devstage::TensorArg>(stager.args);
 }
 
-// Counts a frame or a bind taking `slot`; returns the count, which a frame made there keeps.
-std::uint64_t take_slot(StagerState& stager, std::size_t slot) {
-    if (stager.slot_takes.size() <= slot) stager.slot_takes.resize(slot + 1);
-    return ++stager.slot_takes[slot];
-}
-
-// Ok while a frame's memory is its own: no release, reserve or abandon since it was made (each
-// may free or move the mirror), and its slot not taken since by another frame or bind (which
-// the stager allows once the frame's run ended).
-Status frame_memory(const char* function, const FrameState& frame, const StagerState& stager) {
-    if (frame.resets != stager.resets) {
-        return Status(Errc::invalid_argument,
-                      devstage::detail::message(function,
-                                                ": the stager was released, reserved or abandoned after the "
-                                                "frame was made: its memory was given back"));
-    }
-    if (stager.slot_takes[frame.frame->slot()] != frame.take) {
-        return Status(Errc::invalid_argument,
-                      devstage::detail::message(function,
-                                                ": the frame's slot was taken by a later frame or bind once "
-                                                "its run ended: its memory is that run's now"));
-    }
-    return {};
+// Ok while a frame's memory is its own: the HostFrame becomes inert when its slot is taken
+// again once its run ended, or the stager releases, reserves or abandons.
+Status frame_memory(const char* function, const FrameState& frame) {
+    if (frame.frame->live()) return {};
+    return Status(Errc::invalid_argument,
+                  devstage::detail::message(function,
+                                            ": the frame's memory was given back (its slot was taken by a later frame "
+                                            "or bind once its run ended, or the stager was released, reserved or "
+                                            "abandoned)"));
 }
 
 // Hands a bound run to the caller as a handle; a run with no handle ends (without copy-backs).
-// `frame`: the run binds a frame, which took its slot already.
-devstage_status run_handed_out(const char* function, StagerState& stager, Result<devstage::StagedRun> bound,
-                               devstage_run** run, bool frame = false) {
+devstage_status run_handed_out(const char* function, const StagerState& stager, Result<devstage::StagedRun> bound,
+                               devstage_run** run) {
     if (!bound) return report(bound.status());
-    if (!frame) take_slot(stager, bound->slot());
     devstage_run* handle = hand_out(std::make_unique<RunState>(RunState{stager.self, std::move(*bound)}));
     if (handle == nullptr) return no_handle(function, HandleKind::run);
     *run = handle;
@@ -161,7 +145,7 @@ devstage_status bind_frame(const char* function, devstage_stager* stager, const 
             if (s == nullptr) return failed;
             native = s->native;
         }
-        return run_handed_out(function, *state, bind(*state->stager, *f->frame, native), run, true);
+        return run_handed_out(function, *state, bind(*state->stager, *f->frame, native), run);
     });
 }
 
@@ -196,27 +180,19 @@ devstage_status devstage_stager_set_error_sink(devstage_stager* stager, devstage
 }
 
 devstage_status devstage_stager_release(devstage_stager* stager) {
-    return on_stager("devstage_stager_release", stager, [&](StagerState& s) {
-        const Status released = s.stager->release();
-        if (released.code() != Errc::busy) ++s.resets;  // frames' memory may be gone
-        return report(released);
-    });
+    return on_stager("devstage_stager_release", stager, [&](StagerState& s) { return report(s.stager->release()); });
 }
 
 devstage_status devstage_stager_abandon(devstage_stager* stager) {
     return on_stager("devstage_stager_abandon", stager, [&](StagerState& s) {
         s.stager->abandon();
-        ++s.resets;
         return report(Status());
     });
 }
 
 devstage_status devstage_stager_reserve(devstage_stager* stager, size_t bytes) {
-    return on_stager("devstage_stager_reserve", stager, [&](StagerState& s) {
-        const Status reserved = s.stager->reserve(bytes);
-        if (reserved.code() != Errc::busy) ++s.resets;  // a grown mirror moved
-        return report(reserved);
-    });
+    return on_stager("devstage_stager_reserve", stager,
+                     [&](StagerState& s) { return report(s.stager->reserve(bytes)); });
 }
 
 devstage_status devstage_bind(devstage_stager* stager, const devstage_tensor_arg* args, size_t count,
@@ -417,8 +393,6 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
         state->stager = s->self;
         Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
-        state->take = take_slot(*s, made->slot());
-        state->resets = s->resets;
         state->frame.emplace(std::move(*made));
         devstage_frame* handle = hand_out(std::move(state));
         if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
@@ -435,17 +409,16 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
         if (bytes == nullptr) return null_argument("devstage_frame_host", "bytes");
         *data = nullptr;
         *bytes = 0;
-        const StagerState* s = find<StagerState>(handle_from<devstage_stager*>(f->stager));
-        if (s == nullptr) {
+        if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
             return report(Status(Errc::invalid_argument,
                                  "devstage_frame_host: the frame's stager was destroyed, and its memory with it"));
         }
+        if (Status own = frame_memory("devstage_frame_host", *f); !own) return report(own);
         if (i >= f->frame->size()) {
             return report(Status(Errc::invalid_argument,
                                  devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
                                                            f->frame->size(), " tensors")));
         }
-        if (Status own = frame_memory("devstage_frame_host", *f, *s); !own) return report(own);
         const auto host = f->frame->host(i);
         *data = host.data();
         *bytes = host.size();
@@ -457,22 +430,21 @@ devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, s
     return guarded("devstage_frame_hosts", [&] {
         const FrameState* f = find<FrameState>(frame);
         if (f == nullptr) return bad_handle<FrameState>("devstage_frame_hosts", frame);
-        if (count != f->frame->size()) {
-            return report(Status(Errc::invalid_argument,
-                                 devstage::detail::message("devstage_frame_hosts: count ", count,
-                                                           ", but the frame has ", f->frame->size(), " tensors")));
-        }
         if (data == nullptr) return null_argument("devstage_frame_hosts", "data");
         for (std::size_t i = 0; i < count; ++i) data[i] = nullptr;
         if (bytes != nullptr) {
             for (std::size_t i = 0; i < count; ++i) bytes[i] = 0;
         }
-        const StagerState* s = find<StagerState>(handle_from<devstage_stager*>(f->stager));
-        if (s == nullptr) {
+        if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
             return report(Status(Errc::invalid_argument,
                                  "devstage_frame_hosts: the frame's stager was destroyed, and its memory with it"));
         }
-        if (Status own = frame_memory("devstage_frame_hosts", *f, *s); !own) return report(own);
+        if (Status own = frame_memory("devstage_frame_hosts", *f); !own) return report(own);
+        if (count != f->frame->size()) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_hosts: count ", count,
+                                                           ", but the frame has ", f->frame->size(), " tensors")));
+        }
         for (std::size_t i = 0; i < count; ++i) {
             const auto host = f->frame->host(i);
             data[i] = host.data();

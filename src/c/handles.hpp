@@ -100,11 +100,6 @@ struct StagerState {
     std::unique_ptr<AnyStager> stager;
     std::vector<TensorArg> args;      // the last bind's, converted; reused
     std::vector<TensorShape> shapes;  // the last frame's, converted; reused
-    // What frame handles check before handing out their memory: how many times each slot was
-    // taken by a frame or a bind (a frame's own bind excepted), and how many releases, reserves
-    // and abandons there were (each may free or move every slot's mirror).
-    std::vector<std::uint64_t> slot_takes;
-    std::uint64_t resets = 0;
 };
 
 struct RunState {
@@ -121,10 +116,6 @@ struct CompletionState {
 struct FrameState {
     std::uint64_t stager;
     std::optional<HostFrame> frame;  // set once made
-    // The stager's slot_takes of the frame's slot and its resets when the frame was made: the
-    // frame's memory is its own until either moves on.
-    std::uint64_t take = 0;
-    std::uint64_t resets = 0;
 };
 
 struct PoolState {

@@ -288,6 +288,8 @@ public:
         }
         pending.clear();
         while (!live.empty()) drop_at(live.size() - 1);
+        for (Record* r : framed) r->frame.reset();  // unbound frames given back: release() refuses under one
+        framed.clear();
         Status released = stager->release();
         if (!released) {
             // Work whose wait failed keeps its slot's memory; once the failures are forgotten
@@ -529,19 +531,19 @@ private:
             EXPECT(any_free && !shapes.empty() && made->size() == shapes.size());
             unframed(made->slot(), nullptr);
             Record& r = new_record();
-            r.frame = *made;
-            r.slot = made->slot();
+            r.frame.emplace(std::move(*made));
+            r.slot = r.frame->slot();
             r.mirror = stager->strategy(r.slot).mirror();
             bump(r.slot);
             const std::uint8_t seed = in.byte();
             for (std::size_t i = 0; i < shapes.size(); ++i) {
-                const std::span<std::byte> host = made->host(i);
+                const std::span<std::byte> host = r.frame->host(i);
                 EXPECT(host.size() == shapes[i].bytes);
                 if (shapes[i].direction != Direction::Out) {
                     const std::vector<std::byte> bytes = pattern(host.size(), static_cast<std::uint8_t>(seed + i));
                     std::copy(bytes.begin(), bytes.end(), host.begin());
                 }
-                r.args.push_back(made->args()[i]);
+                r.args.push_back(r.frame->args()[i]);
                 r.staged.push_back(shapes[i].bytes > 0);
                 r.before.emplace_back(host.begin(), host.end());
             }
@@ -575,7 +577,7 @@ private:
             const std::uint8_t pick = in.byte();
             if (framed.empty() || variant == 5) {
                 if (stale.empty()) return;
-                const HostFrame& old = stale[pick % stale.size()];
+                const HostFrame& old = *stale[pick % stale.size()];
                 Result<StagedRun> bound = streamed ? stager->bind(old, streams[stream]) : stager->bind(old);
                 EXPECT(!bound.ok() && bound.status().code() == Errc::invalid_argument &&
                        !bound.status().message().empty());
@@ -626,7 +628,7 @@ private:
                 // A bind that failed after its uploads were enqueued used the frame up; one that
                 // failed before did not.
                 if (r.maybe_bound && bound.status().code() == Errc::invalid_argument) {
-                    stale.push_back(*r.frame);
+                    stale.push_back(&*r.frame);
                     framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(index));
                 } else {
                     r.maybe_bound = true;
@@ -635,7 +637,7 @@ private:
             }
             EXPECT(bound->slot() == r.slot);
             framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(index));
-            stale.push_back(*r.frame);
+            stale.push_back(&*r.frame);
             r.epoch = moved ? ~std::uint64_t{0} : epochs_[r.slot];
             start(r, std::move(*bound), streamed, stream);
             if (launch_now) launch(r, live.back().run);
@@ -645,8 +647,16 @@ private:
     }
 
     void release() {
+        // release() refuses while a frame is unbound or held by its run's Completion, and then
+        // changes nothing.
+        const bool frames =
+            !framed.empty() || std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.holds; });
         const Status released = stager->release();
         if (!released) EXPECT(!released.message().empty());
+        if (frames) {
+            EXPECT(released.code() == Errc::busy);
+            return;
+        }
         released_all(released);
         if (fault_free()) EXPECT(released.ok());
     }
@@ -972,13 +982,13 @@ private:
                 continue;
             }
             EXPECT(r->maybe_bound);
-            stale.push_back(*r->frame);
+            stale.push_back(&*r->frame);
             framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(i));
         }
     }
 
     void drop_frames() {
-        for (Record* r : framed) stale.push_back(*r->frame);
+        for (Record* r : framed) stale.push_back(&*r->frame);
         framed.clear();
     }
 
@@ -1012,11 +1022,11 @@ private:
             }
             EXPECT(made.ok());
             Record& r = new_record();
-            r.frame = *made;
+            r.frame.emplace(std::move(*made));
             for (std::size_t i = 0; i < std::size(shapes); ++i) {
-                const std::span<std::byte> host = made->host(i);
+                const std::span<std::byte> host = r.frame->host(i);
                 if (shapes[i].direction != Direction::Out) std::fill(host.begin(), host.end(), std::byte{0x3C});
-                r.args.push_back(made->args()[i]);
+                r.args.push_back(r.frame->args()[i]);
                 r.staged.push_back(shapes[i].bytes > 0);
                 r.before.emplace_back(host.begin(), host.end());
             }
@@ -1170,8 +1180,8 @@ private:
     std::optional<StagerT> stager;
     std::vector<Live> live;
     std::vector<Pending> pending;
-    std::vector<Record*> framed;   // unbound frames
-    std::vector<HostFrame> stale;  // frames bound or dropped: binding them again is an error
+    std::vector<Record*> framed;          // unbound frames
+    std::vector<const HostFrame*> stale;  // frames bound or dropped: binding them again is an error
     std::vector<std::uint64_t> epochs_;
 
     std::array<std::optional<std::uint64_t>, mock_op_count> call_faults_{};
