@@ -291,6 +291,27 @@ TEST_CASE("frame: a frame whose slot is taken again, or whose stager is gone, is
     CHECK(mock.misuses() == 0);
 }
 
+TEST_CASE("frame: reserve is busy under an unbound frame; once it grows the mirror, ended frames are inert",
+          "[frame][ownership]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    Result<HostFrame> frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    CHECK(stager.reserve(std::size_t{1} << 22).code() == Errc::busy);  // nothing moved under it
+    CHECK(frame->live());
+    auto run = stager.bind(*frame);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    const std::byte* before = frame->host(0).data();
+    REQUIRE(before != nullptr);
+    REQUIRE(stager.reserve(std::size_t{1} << 22).ok());  // the mirror grows: its old memory is freed
+    CHECK(stager.strategy(0).mirror() != before);
+    CHECK_FALSE(frame->live());  // no view into the freed mirror
+    CHECK(frame->host(0).empty());
+    CHECK(stager.bind(*frame).status().code() == Errc::invalid_argument);
+    CHECK(mock.misuses() == 0);
+}
+
 TEST_CASE("frame: abandon ends unbound and held frames; the slots are free again", "[frame][ownership]") {
     MockBackend mock(MockConfig{.sink = &test::quiet_sink});
     Stager<MockBackend, Packed> stager(mock, Packed{}, 2);

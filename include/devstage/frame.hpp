@@ -74,8 +74,8 @@ private:
 /// returns); outputs (Out, InOut) are copied back into the frame: read them from `host(i)` once
 /// the Completion is ready, and pass them as inputs to a later bind while it is held. A frame
 /// becomes inert — host(i) and args() empty — when its slot is taken again (a later frame() or
-/// bind on it) or its stager releases, abandons or dies: a view never points at memory given to
-/// another frame or back to the backend.
+/// bind on it) or its stager releases, reserves, abandons or dies: a view never points at memory
+/// given to another frame or back to the backend.
 class HostFrame {
 public:
     HostFrame(HostFrame&& other) noexcept { take(other); }

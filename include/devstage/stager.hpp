@@ -146,9 +146,12 @@ public:
 
     /// Grows every slot (and mirror) to at least `bytes` now, after waiting for pending work, so
     /// later runs up to that size never move device addresses (captured graphs). Busy while a run
-    /// is live or a frame unbound or held; a slot that fails to grow keeps what it held.
+    /// is live or a frame unbound or held; a slot that fails to grow keeps what it held. Unless
+    /// busy, frames of runs that ended become inert: a grown mirror moves.
     Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
-        return detail::Binder<B, Strategy>(core_).reserve(bytes);
+        Status reserved = detail::Binder<B, Strategy>(core_).reserve(bytes);
+        if (reserved.code() != Errc::busy) FrameOwner::retire_all_frames();
+        return reserved;
     }
 
     /// Takes ownership of a device buffer allocated elsewhere as slot `slot`'s retained buffer

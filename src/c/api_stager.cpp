@@ -394,6 +394,7 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
         Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
         state->frame.emplace(std::move(*made));
+        state->tensors = state->frame->size();
         devstage_frame* handle = hand_out(std::move(state));
         if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
         *frame = handle;
@@ -409,16 +410,16 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
         if (bytes == nullptr) return null_argument("devstage_frame_host", "bytes");
         *data = nullptr;
         *bytes = 0;
+        if (i >= f->tensors) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
+                                                           f->tensors, " tensors")));
+        }
         if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
             return report(Status(Errc::invalid_argument,
                                  "devstage_frame_host: the frame's stager was destroyed, and its memory with it"));
         }
         if (Status own = frame_memory("devstage_frame_host", *f); !own) return report(own);
-        if (i >= f->frame->size()) {
-            return report(Status(Errc::invalid_argument,
-                                 devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
-                                                           f->frame->size(), " tensors")));
-        }
         const auto host = f->frame->host(i);
         *data = host.data();
         *bytes = host.size();
@@ -430,6 +431,11 @@ devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, s
     return guarded("devstage_frame_hosts", [&] {
         const FrameState* f = find<FrameState>(frame);
         if (f == nullptr) return bad_handle<FrameState>("devstage_frame_hosts", frame);
+        if (count != f->tensors) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_hosts: count ", count,
+                                                           ", but the frame has ", f->tensors, " tensors")));
+        }
         if (data == nullptr) return null_argument("devstage_frame_hosts", "data");
         for (std::size_t i = 0; i < count; ++i) data[i] = nullptr;
         if (bytes != nullptr) {
@@ -440,11 +446,6 @@ devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, s
                                  "devstage_frame_hosts: the frame's stager was destroyed, and its memory with it"));
         }
         if (Status own = frame_memory("devstage_frame_hosts", *f); !own) return report(own);
-        if (count != f->frame->size()) {
-            return report(Status(Errc::invalid_argument,
-                                 devstage::detail::message("devstage_frame_hosts: count ", count,
-                                                           ", but the frame has ", f->frame->size(), " tensors")));
-        }
         for (std::size_t i = 0; i < count; ++i) {
             const auto host = f->frame->host(i);
             data[i] = host.data();

@@ -266,7 +266,7 @@ TEST_CASE("c handles: a frame handle never hands out memory that is another's or
     CHECK(answers(frame));
     C_OK(devstage_bind(stager.get(), args, 1, &run));  // packed: through the same mirror
     CHECK_FALSE(answers(frame));
-    CHECK(says("devstage_frame_hosts: the frame's slot was taken by a later frame or bind"));
+    CHECK(says("devstage_frame_hosts: the frame's memory was given back"));
     CHECK(data == nullptr);
     C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
     C_OK(devstage_frame_destroy(frame));
@@ -292,7 +292,7 @@ TEST_CASE("c handles: a frame handle never hands out memory that is another's or
     CHECK(answers(next));
     C_OK(devstage_stager_release(stager.get()));
     CHECK_FALSE(answers(next));
-    CHECK(says("devstage_frame_hosts: the stager was released, reserved or abandoned after the frame was made"));
+    CHECK(says("devstage_frame_hosts: the frame's memory was given back"));
     C_OK(devstage_frame_destroy(next));
     for (const bool abandon : {false, true}) {
         C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
