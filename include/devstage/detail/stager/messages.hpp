@@ -37,7 +37,8 @@ inline std::string on_backend(std::string_view message, std::string_view backend
     };
     std::string parts;
     for (const std::string& p :
-         {part(live, "live run", "live runs", "finish it"), part(framed, "unbound frame", "unbound frames", "bind it"),
+         {part(live, "live run", "live runs", "finish it"),
+          part(framed, "unbound frame", "unbound frames", "bind it, or destroy the HostFrame"),
           part(held, "frame whose run's Completion is still held", "frames whose runs' Completions are still held",
                "destroy or detach that Completion")}) {
         if (p.empty()) continue;
@@ -83,10 +84,12 @@ inline std::string on_backend(std::string_view message, std::string_view backend
 }
 
 [[gnu::cold]] inline Status stale_frame(std::size_t slot, std::string_view backend) noexcept {
-    return Status(Errc::invalid_argument,
-                  on_backend(message("stager bind: a stale frame of slot ", slot,
-                                     " (already bound, or inert: its slot taken again, or its memory released; ask frame() again)"),
-                             backend));
+    return Status(
+        Errc::invalid_argument,
+        on_backend(
+            message("stager bind: a stale frame of slot ", slot,
+                    " (already bound, or inert: its slot taken again, or its memory released; ask frame() again)"),
+            backend));
 }
 
 [[gnu::cold]] inline Status frame_of_another_slot(std::size_t frame_slot, std::size_t slot,
