@@ -100,6 +100,7 @@ struct StagerCore {
     std::size_t pack_limit = 0;  // 0: no packing (always, without a mirror)
     bool map_small = false;
     CompletionOwner* completions = nullptr;  // the stager's, for the results of settled runs
+    RegionBook regions;                      // the hooks the slots' regions are listed with
 
     Async& async() noexcept {
         if constexpr (AsyncBackend<B>) {
@@ -149,6 +150,11 @@ struct StagerCore {
             }
             return *own_stream;
         }
+    }
+
+    /// Lists slot `slot`'s memory as it is now (RegionBook::sync).
+    Status list_regions(Slot& slot) noexcept {
+        return regions.sync(slot.regions, slot.strategy, device_id_of(*backend));
     }
 
     std::size_t index_of(const Slot& slot) const noexcept { return static_cast<std::size_t>(&slot - slots.data()); }
