@@ -8,6 +8,7 @@
 // new one added once. Nothing here runs in the steady state: only a grow, a release, an adopt
 // or detach, abandon and the destructor call it.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -31,11 +32,13 @@ struct SlotRegions {
     bool unlisted = false;
 };
 
-/// The backend's device id where it tells one (`device_id()`), else -1.
+/// The backend's device id where it tells one (`device_id()`, or an int `device()`), else -1.
 template <class B>
 int device_id_of(const B& backend) noexcept {
     if constexpr (requires { { backend.device_id() } -> std::convertible_to<int>; }) {
         return static_cast<int>(backend.device_id());
+    } else if constexpr (requires { { backend.device() } -> std::same_as<int>; }) {
+        return backend.device();
     } else {
         (void)backend;
         return -1;
