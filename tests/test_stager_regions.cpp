@@ -5,6 +5,7 @@
 // by the destructor — and an added hook that fails fails the grow and leaks nothing.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -14,6 +15,8 @@
 #include "async_support.hpp"
 #include "devstage/backends/mock.hpp"
 #include "devstage/backends/sim.hpp"
+#include "devstage/pinned.hpp"
+#include "devstage/pinned/mirror_source.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/strategy/packing.hpp"
 #include "devstage/strategy/per_tensor.hpp"
@@ -309,4 +312,112 @@ TEST_CASE("stager regions: adopt lists the buffer, detach removes it before hand
     CHECK_FALSE(stager.describe(*memory).has_value());
     REQUIRE(mock.device_free(detached->allocation).ok());
     CHECK(registry.errors == 0);
+}
+
+TEST_CASE("stager regions: mirrors and frames carved out of a pool's region are described by the pool",
+          "[stager][regions][mirror_source]") {
+    MockBackend mock;
+    Registry pool_engine;
+    Registry stager_engine;
+    stager_engine.mock = &mock;
+    {
+        PinnedHostPool<MockBackend> pool(mock);
+        REQUIRE(pool.set_region_hooks(pool_engine.hooks()).ok());
+        Result<PinnedRegionHandle> region = pool.create_region(std::size_t{4} << 20);
+        REQUIRE(region.ok());
+        REQUIRE(region->wait().ok());
+        REQUIRE(pool_engine.live.size() == 1);  // registered once, before the stager takes anything
+        const std::uint64_t pinned_calls = mock.calls(MockOp::pinned_malloc);
+        {
+            Stager<MockBackend, PackedBump> stager(
+                mock, {}, StagerOptions{.pipeline_slots = 2, .mirror_source = mirror_source(region->allocator())});
+            REQUIRE(stager.status().ok());
+            REQUIRE(stager.set_region_hooks(stager_engine.hooks()).ok());
+            const TensorShape shapes[] = {{65536, Direction::In}, {128, Direction::In}, {4096, Direction::Out}};
+            auto frame = stager.frame(shapes);
+            REQUIRE(frame.ok());
+            CHECK(mock.calls(MockOp::pinned_malloc) == pinned_calls);  // no pinned memory of the backend's own
+            for (std::size_t i = 0; i < frame->size(); ++i) {
+                const std::optional<RegionSlice> slice = pool.describe(frame->host(i).data());
+                REQUIRE(slice.has_value());
+                CHECK(slice->region == region->id());
+                CHECK(static_cast<std::byte*>(region->data()) + slice->offset == frame->host(i).data());
+                CHECK_FALSE(stager.describe(frame->host(i).data()).has_value());  // the pool's, not the stager's
+            }
+            // The stager lists its device buffer only: the mirror lies in the pool's region.
+            const std::vector<PinnedRegion> regions = stager.regions();
+            REQUIRE(regions.size() == 1);
+            CHECK(regions[0].kind == RegionKind::device);
+            CHECK(pool_engine.live.size() == 1);  // nothing new to register for the mirror
+
+            test::HostRun host;
+            for (std::size_t i = 0; i < frame->size(); ++i) {
+                host.add(frame->args()[i].bytes, frame->args()[i].direction, static_cast<std::uint32_t>(7 + i));
+                if (frame->args()[i].direction != Direction::Out) {
+                    std::copy(host.buffers[i].begin(), host.buffers[i].end(), frame->host(i).begin());
+                }
+            }
+            std::fill(frame->host(2).begin(), frame->host(2).end(), std::byte{0xFF});
+            auto run = stager.bind(*frame);
+            REQUIRE(run.ok());
+            REQUIRE(stager.finish(std::move(*run)).ok());
+            // The Out tensor came back into the region (zeroed on the device: no kernel wrote it).
+            CHECK(std::all_of(frame->host(2).begin(), frame->host(2).end(), [](std::byte b) { return b == std::byte{0}; }));
+            frame = Status(Errc::invalid_argument, "dropped");
+
+            REQUIRE(stager.reserve(std::size_t{1} << 20).ok());  // both mirrors now in the region
+            CHECK(stager.stats().mirror_bytes >= (std::size_t{2} << 20));
+            Result<void*> too_big = region->allocator().allocate(std::size_t{3} << 20, 4096);
+            CHECK(too_big.status().code() == Errc::out_of_memory);  // the mirrors hold 2 MiB of it
+            REQUIRE(stager.release().ok());  // the mirrors go back to the region
+            CHECK(stager.stats().mirror_bytes == 0);
+            Result<void*> whole = region->allocator().allocate(std::size_t{3} << 20, 4096);
+            REQUIRE(whole.ok());
+            REQUIRE(region->allocator().deallocate(*whole).ok());
+        }
+        CHECK(stager_engine.live.empty());
+        region->reset();
+    }
+    CHECK(pool_engine.live.empty());
+    CHECK(pool_engine.errors + stager_engine.errors == 0);
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("stager regions: mirrors from the pool itself; a source without packing is refused",
+          "[stager][regions][mirror_source]") {
+    MockBackend mock;
+    PinnedHostPool<MockBackend> pool(mock);
+    {
+        Stager<MockBackend, PackedBump> stager(mock, {}, StagerOptions{.mirror_source = mirror_source(pool)});
+        test::HostRun host = run_of(20000, 1000);
+        auto run = stager.bind(host.args);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        REQUIRE(stager.strategy().mirror() != nullptr);
+        CHECK(pool.describe(stager.strategy().mirror()).has_value());
+        CHECK(pool.stats().live_allocations == 1);
+        REQUIRE(stager.release().ok());
+        CHECK(pool.stats().live_allocations == 0);
+    }
+    {
+        // Mapped small args: the mirror from the pool is mapped as the backend's own would be.
+        Stager<MockBackend, PackedBump> mapped(mock, {},
+                                               StagerOptions{.map_small = true, .mirror_source = mirror_source(pool)});
+        test::HostRun host = run_of(20000, 1000);
+        auto run = mapped.bind(host.args);
+        REQUIRE(run.ok());
+        REQUIRE(mapped.finish(std::move(*run)).ok());
+        CHECK(mapped.stats().host_maps + mapped.stats().map_failures == 1);
+        INFO("host_maps " << mapped.stats().host_maps);
+        CHECK(mapped.stats().host_maps == 1);  // the mock maps pool memory as any pinned memory
+        CHECK(pool.describe(mapped.strategy().mirror()).has_value());
+        REQUIRE(mapped.release().ok());
+        CHECK(mock.live_mappings() == 0);
+    }
+    Stager<MockBackend> unpacked(mock, {}, StagerOptions{.mirror_source = mirror_source(pool)});
+    CHECK(unpacked.status().code() == Errc::invalid_argument);
+    CHECK_THAT(unpacked.status().message(), Catch::Contains("pack limit above 0"));
+    Stager<MockBackend, PackedBump> empty(mock, {}, StagerOptions{.mirror_source = MirrorSource{}});
+    CHECK(empty.status().code() == Errc::invalid_argument);
+    CHECK_THAT(empty.status().message(), Catch::Contains("allocate and deallocate"));
 }

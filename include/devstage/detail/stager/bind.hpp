@@ -135,7 +135,8 @@ public:
                                core_.stats.alignment_retries > 0,
                                core_.stats.mirror_alignment_retries > 0,
                                core_.map_small && !keep ? layout.packed_bytes : 0,
-                               core_.map_small};
+                               core_.map_small,
+                               core_.mirror_source ? &*core_.mirror_source : nullptr};
         if constexpr (Core::retained) {
             const std::size_t mirror = mirror_capacity_of(slot.strategy);
             const bool device_fits = device_need_of(slot.strategy, need) <= slot.strategy.capacity();

@@ -123,13 +123,14 @@ public:
     /// Lists the memory `strategy` holds now: a listed region that no longer matches it is
     /// removed, memory not listed is added (a new id, then `added`). An `added` that fails leaves
     /// that memory unlisted (`unlisted`: tried again at the next grow) and is returned.
+    /// `mirrors`: list the mirror too (false when it lies in a pool's region, which the pool lists).
     template <class Strategy>
-    Status sync(SlotRegions& slot, const Strategy& strategy, int device) noexcept {
+    Status sync(SlotRegions& slot, const Strategy& strategy, int device, bool mirrors = true) noexcept {
         Status first;
         void* base = base_of(strategy);
         const std::size_t bytes = base != nullptr ? strategy.capacity() : 0;
         list_one(slot.device, base, bytes, RegionKind::device, device, first);
-        void* mirror = mirror_of(strategy);
+        void* mirror = mirrors ? static_cast<void*>(mirror_of(strategy)) : nullptr;
         const std::size_t mirror_bytes = mirror != nullptr ? mirror_capacity_of(strategy) : 0;
         list_one(slot.mirror, mirror, mirror_bytes, RegionKind::pinned_host, -1, first);
         slot.mirror_device = slot.mirror.id != 0 ? static_cast<void*>(mapped_mirror_of(strategy)) : nullptr;
