@@ -45,7 +45,8 @@ struct Registry {
                 }
                 ++added;
                 if (!live.emplace(region.id, region).second) ++errors;
-                if (mock != nullptr && region.kind == RegionKind::device && !mock->is_device(region.base, region.bytes)) {
+                if (mock != nullptr && region.kind == RegionKind::device &&
+                    !mock->is_device(region.base, region.bytes)) {
                     ++errors;
                 }
                 return {};
@@ -293,8 +294,7 @@ TEST_CASE("stager regions: hooks set again move every region; a refusal keeps th
     CHECK(first.errors + second.errors + third.errors == 0);
 }
 
-TEST_CASE("stager regions: adopt lists the buffer, detach removes it before handing it over",
-          "[stager][regions]") {
+TEST_CASE("stager regions: adopt lists the buffer, detach removes it before handing it over", "[stager][regions]") {
     MockBackend mock;
     Registry registry;
     registry.mock = &mock;
@@ -362,14 +362,15 @@ TEST_CASE("stager regions: mirrors and frames carved out of a pool's region are 
             REQUIRE(run.ok());
             REQUIRE(stager.finish(std::move(*run)).ok());
             // The Out tensor came back into the region (zeroed on the device: no kernel wrote it).
-            CHECK(std::all_of(frame->host(2).begin(), frame->host(2).end(), [](std::byte b) { return b == std::byte{0}; }));
+            CHECK(std::all_of(frame->host(2).begin(), frame->host(2).end(),
+                              [](std::byte b) { return b == std::byte{0}; }));
             frame = Status(Errc::invalid_argument, "dropped");
 
             REQUIRE(stager.reserve(std::size_t{1} << 20).ok());  // both mirrors now in the region
             CHECK(stager.stats().mirror_bytes >= (std::size_t{2} << 20));
             Result<void*> too_big = region->allocator().allocate(std::size_t{3} << 20, 4096);
             CHECK(too_big.status().code() == Errc::out_of_memory);  // the mirrors hold 2 MiB of it
-            REQUIRE(stager.release().ok());  // the mirrors go back to the region
+            REQUIRE(stager.release().ok());                         // the mirrors go back to the region
             CHECK(stager.stats().mirror_bytes == 0);
             Result<void*> whole = region->allocator().allocate(std::size_t{3} << 20, 4096);
             REQUIRE(whole.ok());

@@ -234,7 +234,9 @@ public:
     /// that fails here runs the new `removing` for the regions it accepted, keeps the old hooks
     /// and returns the failure; else the old `removing` runs for every region and the new hooks
     /// take over. Hooks run in the thread driving the stager and must not call it.
-    Status set_region_hooks(RegionHooks hooks) noexcept { return core_.regions.set_hooks(core_.slots, std::move(hooks)); }
+    Status set_region_hooks(RegionHooks hooks) noexcept {
+        return core_.regions.set_hooks(core_.slots, std::move(hooks));
+    }
 
     /// The slice `pointer` lies in: a region's id, the offset there and the bytes to the end of
     /// the region — any pointer into a listed buffer or mirror (a frame's host(i), a run's device
@@ -324,7 +326,7 @@ Stager<B, Strategy>::~Stager() {
     FrameOwner::retire_all_frames();
     if (Status status = release(); !status) core_.sink(status);
     for (Slot& slot : core_.slots) core_.regions.remove(slot.regions, true, true);  // what release kept
-    resolve_all(detail::Releaser<B, Strategy>(core_).close());  // runs still pending end unsettled
+    resolve_all(detail::Releaser<B, Strategy>(core_).close());                      // runs still pending end unsettled
 }
 
 // ---- bind ------------------------------------------------------------------------------------

@@ -27,13 +27,13 @@ using devstage::Status;
 namespace {
 
 devstage_region to_c(const PinnedRegion& region) noexcept {
-    return devstage_region{region.id,
-                           region.base,
-                           region.bytes,
-                           region.numa_node,
-                           region.kind == devstage::RegionKind::device ? DEVSTAGE_REGION_DEVICE
-                                                                       : DEVSTAGE_REGION_PINNED_HOST,
-                           region.device};
+    return devstage_region{
+        region.id,
+        region.base,
+        region.bytes,
+        region.numa_node,
+        region.kind == devstage::RegionKind::device ? DEVSTAGE_REGION_DEVICE : DEVSTAGE_REGION_PINNED_HOST,
+        region.device};
 }
 
 // The C hooks as RegionHooks: each calls its function with its context; NULL ones are empty.
@@ -74,8 +74,8 @@ devstage_status slice_out(const char* function, const char* whose, const void* p
                           const std::optional<RegionSlice>& found, devstage_region_slice* slice) {
     *slice = devstage_region_slice{0, 0, 0};
     if (!found) {
-        return fail(Errc::unknown_pointer, devstage::detail::message(function, ": ", pointer, " lies in no region of ",
-                                                                     whose));
+        return fail(Errc::unknown_pointer,
+                    devstage::detail::message(function, ": ", pointer, " lies in no region of ", whose));
     }
     *slice = devstage_region_slice{found->region, found->offset, found->bytes};
     return report(Status());
@@ -129,9 +129,8 @@ extern "C" {
 devstage_status devstage_pinned_pool_regions(const devstage_pinned_pool* pool, devstage_region* regions,
                                              size_t capacity, size_t* count) {
     const char* function = "devstage_pinned_pool_regions";
-    return on_pool(function, pool, [&](const PinnedPool& p) {
-        return list_out(function, p.regions(), regions, capacity, count);
-    });
+    return on_pool(function, pool,
+                   [&](const PinnedPool& p) { return list_out(function, p.regions(), regions, capacity, count); });
 }
 
 devstage_status devstage_pinned_pool_set_region_hooks(devstage_pinned_pool* pool, const devstage_region_hooks* hooks) {
@@ -151,9 +150,8 @@ devstage_status devstage_pinned_pool_describe(const devstage_pinned_pool* pool, 
 devstage_status devstage_stager_regions(const devstage_stager* stager, devstage_region* regions, size_t capacity,
                                         size_t* count) {
     const char* function = "devstage_stager_regions";
-    return on_stager(function, stager, [&](const AnyStager& s) {
-        return list_out(function, s.regions(), regions, capacity, count);
-    });
+    return on_stager(function, stager,
+                     [&](const AnyStager& s) { return list_out(function, s.regions(), regions, capacity, count); });
 }
 
 devstage_status devstage_stager_set_region_hooks(devstage_stager* stager, const devstage_region_hooks* hooks) {
@@ -221,8 +219,8 @@ devstage_status devstage_pinned_region_progress(const devstage_pinned_region* re
     return on_region(function, region, [&](const devstage::PinnedRegionHandle& r) {
         if (progress == nullptr) return null_argument(function, "progress");
         const devstage::RegionProgress p = r.progress();
-        *progress = devstage_region_progress{p.bytes_registered,  p.bytes_total,          p.chunks_registered,
-                                             p.chunks_total,      state_of(p.state), p.cancel_requested ? 1 : 0};
+        *progress = devstage_region_progress{p.bytes_registered, p.bytes_total,     p.chunks_registered,
+                                             p.chunks_total,     state_of(p.state), p.cancel_requested ? 1 : 0};
         return report(Status());
     });
 }

@@ -7,8 +7,8 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "any_backend.hpp"
 #include "any_stager.hpp"

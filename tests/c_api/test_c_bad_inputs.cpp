@@ -593,9 +593,8 @@ std::vector<Row> rows() {
     add("devstage_pinned_pool_set_region_hooks", "a destroyed pool", bad, "was destroyed",
         [](World& w) { return devstage_pinned_pool_set_region_hooks(w.dead_pool, nullptr); });
     add("devstage_pinned_pool_set_region_hooks", "a stager as the pool", bad,
-        "a stager handle was given where a pinned pool", [](World& w) {
-            return devstage_pinned_pool_set_region_hooks(as<devstage_pinned_pool*>(w.stager), nullptr);
-        });
+        "a stager handle was given where a pinned pool",
+        [](World& w) { return devstage_pinned_pool_set_region_hooks(as<devstage_pinned_pool*>(w.stager), nullptr); });
     add("devstage_pinned_pool_set_region_hooks", "an added hook that refuses", DEVSTAGE_BACKEND_FAILURE,
         "the added hook returned 4", [](World& w) { return devstage_pinned_pool_set_region_hooks(w.pool, &refusing); });
     add("devstage_pinned_pool_describe", "NULL slice", bad, "slice is NULL",
@@ -622,8 +621,8 @@ std::vector<Row> rows() {
         "the added hook returned 4", [](World& w) { return devstage_stager_set_region_hooks(w.stager, &refusing); });
     add("devstage_stager_describe", "NULL slice", bad, "slice is NULL",
         [](World& w) { return devstage_stager_describe(w.stager, w.host.data(), nullptr); });
-    add("devstage_stager_describe", "a pointer of no region", DEVSTAGE_UNKNOWN_POINTER, "lies in no region of the stager",
-        [](World& w) {
+    add("devstage_stager_describe", "a pointer of no region", DEVSTAGE_UNKNOWN_POINTER,
+        "lies in no region of the stager", [](World& w) {
             devstage_region_slice slice{};
             return devstage_stager_describe(w.stager, w.host.data(), &slice);
         });
@@ -642,7 +641,8 @@ std::vector<Row> rows() {
         [](World& w) { return devstage_pinned_region_create(w.pool, huge, 0, &outs.region); }, region_cleared);
     add("devstage_pinned_region_destroy", "a destroyed region", bad, "was destroyed",
         [](World& w) { return devstage_pinned_region_destroy(w.dead_region); });
-    add("devstage_pinned_region_destroy", "a pool as the region", bad, "a pinned pool handle was given where a pinned region",
+    add("devstage_pinned_region_destroy", "a pool as the region", bad,
+        "a pinned pool handle was given where a pinned region",
         [](World& w) { return devstage_pinned_region_destroy(as<devstage_pinned_region*>(w.pool)); });
     add("devstage_pinned_region_info", "NULL id", bad, "id is NULL", [](World& w) {
         void* base = nullptr;

@@ -99,8 +99,8 @@ struct StagerCore {
     OutputPolicy outputs = OutputPolicy::zero;
     std::size_t pack_limit = 0;  // 0: no packing (always, without a mirror)
     bool map_small = false;
-    CompletionOwner* completions = nullptr;  // the stager's, for the results of settled runs
-    RegionBook regions;                      // the hooks the slots' regions are listed with
+    CompletionOwner* completions = nullptr;     // the stager's, for the results of settled runs
+    RegionBook regions;                         // the hooks the slots' regions are listed with
     std::optional<MirrorSource> mirror_source;  // the mirrors' memory, instead of pinned_malloc
 
     Async& async() noexcept {

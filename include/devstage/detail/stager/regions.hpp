@@ -35,9 +35,13 @@ struct SlotRegions {
 /// The backend's device id where it tells one (`device_id()`, or an int `device()`), else -1.
 template <class B>
 int device_id_of(const B& backend) noexcept {
-    if constexpr (requires { { backend.device_id() } -> std::convertible_to<int>; }) {
+    if constexpr (requires {
+                      { backend.device_id() } -> std::convertible_to<int>;
+                  }) {
         return static_cast<int>(backend.device_id());
-    } else if constexpr (requires { { backend.device() } -> std::same_as<int>; }) {
+    } else if constexpr (requires {
+                             { backend.device() } -> std::same_as<int>;
+                         }) {
         return backend.device();
     } else {
         (void)backend;
@@ -100,8 +104,8 @@ public:
                 --i;
                 if (next.removing) next.removing(listed[i]);
             }
-            return Status(accepted.code(), message("stager set_region_hooks: the added hook refused region ",
-                                                   refused, ": ", accepted.message(), "; the old hooks stay"));
+            return Status(accepted.code(), message("stager set_region_hooks: the added hook refused region ", refused,
+                                                   ": ", accepted.message(), "; the old hooks stay"));
         }
         for (const PinnedRegion& region : listed) {
             if (hooks_.removing) hooks_.removing(region);
@@ -137,8 +141,6 @@ public:
         slot.unlisted = !first.ok();
         return first;
     }
-
-    bool hooked() const noexcept { return static_cast<bool>(hooks_.added) || static_cast<bool>(hooks_.removing); }
 
 private:
     void drop(PinnedRegion& region) noexcept {

@@ -121,8 +121,8 @@ public:
         held.note_base(core_.stats);
         if (Status listed = core_.list_regions(held); !listed) {
             return Status(listed.code(), core_.with_backend(message(listed.message(),
-                                                                     "; the slot keeps the buffer, unlisted until "
-                                                                     "the next grow")));
+                                                                    "; the slot keeps the buffer, unlisted until "
+                                                                    "the next grow")));
         }
         return {};
     }

@@ -167,8 +167,8 @@ private:
             if (!got) return got.status();
             if (reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
                 (void)source->deallocate(*got);
-                return Status(Errc::backend_failure, message("the mirror source returned ", *got,
-                                                             ", not aligned to ", alignment));
+                return Status(Errc::backend_failure,
+                              message("the mirror source returned ", *got, ", not aligned to ", alignment));
             }
             stats.mirror_bytes += bytes;
             return Block{*got, static_cast<std::byte*>(*got), bytes, bytes, nullptr, source};
@@ -185,7 +185,8 @@ private:
         }
         if (!got) return got.status();
         const auto at = reinterpret_cast<std::uintptr_t>(*got);
-        Block block{*got, static_cast<std::byte*>(*got) + ((alignment - at % alignment) % alignment), bytes, allocated,
+        Block block{*got,    static_cast<std::byte*>(*got) + ((alignment - at % alignment) % alignment),
+                    bytes,   allocated,
                     nullptr, nullptr};
         stats.mirror_bytes += allocated;
         return block;
