@@ -20,6 +20,7 @@
 #include "devstage/stager.hpp"
 #include "devstage/strategy/packing.hpp"
 #include "devstage/strategy/per_tensor.hpp"
+#include "devstage/strategy/retained_vmm.hpp"
 #include "support.hpp"
 
 using namespace devstage;
@@ -421,4 +422,31 @@ TEST_CASE("stager regions: mirrors from the pool itself; a source without packin
     Stager<MockBackend, PackedBump> empty(mock, {}, StagerOptions{.mirror_source = MirrorSource{}});
     CHECK(empty.status().code() == Errc::invalid_argument);
     CHECK_THAT(empty.status().message(), Catch::Contains("allocate and deallocate"));
+}
+
+TEST_CASE("stager regions: a RetainedVmm reservation is listed as far as it is mapped", "[stager][regions][vmm]") {
+    SimBackend sim;
+    Registry registry;
+    Stager<SimBackend, RetainedVmm<>> stager(sim, RetainedVmm<>(std::size_t{64} << 20));
+    REQUIRE(stager.set_region_hooks(registry.hooks()).ok());
+    test::HostRun small = run_of(5000, 100);
+    auto run = stager.bind(small.args);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    REQUIRE(stager.regions().size() == 1);
+    const PinnedRegion first = stager.regions()[0];
+    CHECK(first.bytes == stager.strategy().capacity());
+    test::HostRun large = run_of(std::size_t{8} << 20, 100);
+    auto grown = stager.bind(large.args);
+    REQUIRE(grown.ok());
+    REQUIRE(stager.finish(std::move(*grown)).ok());
+    const PinnedRegion second = stager.regions()[0];
+    CHECK(second.base == first.base);   // mapped further in place: the base stays,
+    CHECK(second.bytes > first.bytes);  // the region grows as a new one
+    CHECK(second.id != first.id);
+    CHECK(registry.added == 2);
+    CHECK(registry.removed == 1);
+    REQUIRE(stager.release().ok());
+    CHECK(registry.live.empty());
+    CHECK(registry.errors == 0);
 }
