@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
@@ -29,6 +31,7 @@
 #include "devstage/host_copy.hpp"
 #include "devstage/output_policy.hpp"
 #include "devstage/pageable.hpp"
+#include "devstage/region.hpp"
 #include "devstage/run.hpp"
 #include "devstage/stager_options.hpp"
 #include "devstage/stats.hpp"
@@ -212,6 +215,36 @@ public:
         return detail::Releaser<B, Strategy>(core_).clear_ring();
     }
 
+    // ---- regions for transfer engines ----------------------------------------------------
+
+    /// The stager's regions (docs/transfer_engines.md): each slot's retained device buffer
+    /// (RegionKind::device, `device` the backend's device id where it tells one, else -1; a
+    /// RetainedVmm reservation as far as it is mapped) and its pinned mirror
+    /// (RegionKind::pinned_host), as they are now. A strategy that allocates per tensor has none.
+    std::vector<PinnedRegion> regions() const { return detail::RegionBook::list(core_.slots); }
+
+    /// The hooks an engine registers the regions with. `added` runs at once for every region
+    /// listed now, then for each buffer or mirror a grow, reserve, frame or adopt makes, before
+    /// anything is staged in it; `removing` runs before a region is freed, moved or grown by a
+    /// grow (also when the free itself waits for pending work), released, detached, forgotten by
+    /// abandon() (its memory may be gone already: deregister only) or left by the destructor.
+    /// A region whose memory did not change at a grow may be removed and added again, as a new
+    /// region. An `added` that fails for a new region fails the call that made it: the memory
+    /// stays with the slot, listed by no region, and the next grow lists it again. An `added`
+    /// that fails here runs the new `removing` for the regions it accepted, keeps the old hooks
+    /// and returns the failure; else the old `removing` runs for every region and the new hooks
+    /// take over. Hooks run in the thread driving the stager and must not call it.
+    Status set_region_hooks(RegionHooks hooks) noexcept {
+        return core_.regions.set_hooks(core_.slots, std::move(hooks));
+    }
+
+    /// The slice `pointer` lies in: a region's id, the offset there and the bytes to the end of
+    /// the region — any pointer into a listed buffer or mirror (a frame's host(i), a run's device
+    /// args, the mapped mirror's device address); nullopt for any other pointer.
+    std::optional<RegionSlice> describe(const void* pointer) const noexcept {
+        return detail::RegionBook::describe(core_.slots, pointer);
+    }
+
     // ---- outputs and inspection -----------------------------------------------------------
 
     /// What binds do with Out args' device bytes (StagerOptions::outputs), from the next bind.
@@ -292,7 +325,8 @@ Stager<B, Strategy>::~Stager() {
     for (Slot& slot : core_.slots) slot.end_frames();  // frames end with the stager: inert
     FrameOwner::retire_all_frames();
     if (Status status = release(); !status) core_.sink(status);
-    resolve_all(detail::Releaser<B, Strategy>(core_).close());  // runs still pending end unsettled
+    for (Slot& slot : core_.slots) core_.regions.remove(slot.regions, true, true);  // what release kept
+    resolve_all(detail::Releaser<B, Strategy>(core_).close());                      // runs still pending end unsettled
 }
 
 // ---- bind ------------------------------------------------------------------------------------

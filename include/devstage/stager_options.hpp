@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <optional>
 
+#include "devstage/mirror_source.hpp"
 #include "devstage/output_policy.hpp"
 #include "devstage/strategy/growth.hpp"
 
@@ -37,6 +38,11 @@ struct StagerOptions {
     /// that take these at run time: RetainedBump<GrowthRule>).
     std::optional<GrowthRule> growth = std::nullopt;
     std::optional<GrowOrder> grow_order = std::nullopt;
+    /// Where the mirrors' (and so the frames') pinned memory comes from instead of the backend's
+    /// pinned_malloc: a pinned pool's region or the pool itself (devstage/pinned/mirror_source.hpp).
+    /// The stager then lists no mirror regions of its own: they lie in the source's regions, which
+    /// the pool lists, hooks and describes. Needs a pack limit above 0.
+    std::optional<MirrorSource> mirror_source = std::nullopt;
 };
 
 }  // namespace devstage

@@ -26,6 +26,7 @@ from .errors import (BackendFailure, Busy, Error, HostFunctionError, InvalidArgu
 from .completion import Completion
 from .frames import Frame, HostView, Layout
 from .pinned import Pinned, PinnedBuffer, PinnedPool
+from .regions import PinnedRegion, Region, RegionBuffer, RegionSlice
 from .run import DeviceTensor, Run
 from .stager import Stager
 
@@ -57,6 +58,7 @@ def callbacks(**callbacks_and_options: Any) -> Backend:
 __all__ = [
     "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame",
     "HostFunctionError", "HostView", "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Layout", "Leaked",
-    "LibraryNotFound", "NotSupported", "OUT", "Out", "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run",
-    "Stager", "Stream", "TensorShape", "UnknownPointer", "ascend", "backends", "callbacks", "cuda", "sim", "stagers",
+    "LibraryNotFound", "NotSupported", "OUT", "Out", "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool",
+    "PinnedRegion", "Region", "RegionBuffer", "RegionSlice", "Run", "Stager", "Stream", "TensorShape",
+    "UnknownPointer", "ascend", "backends", "callbacks", "cuda", "sim", "stagers",
 ]

@@ -36,6 +36,30 @@ SYNCHRONIZE = CFUNCTYPE(c_int, c_void_p)
 ERROR_SINK = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 
+class Region(Structure):
+    _fields_ = [("id", c_uint64), ("base", c_void_p), ("bytes", c_size_t), ("numa_node", c_int), ("kind", c_int),
+                ("device", c_int)]
+
+
+class RegionSlice(Structure):
+    _fields_ = [("region", c_uint64), ("offset", c_size_t), ("bytes", c_size_t)]
+
+
+class RegionProgress(Structure):
+    _fields_ = [("bytes_registered", c_size_t), ("bytes_total", c_size_t), ("chunks_registered", c_size_t),
+                ("chunks_total", c_size_t), ("state", c_int), ("cancel_requested", c_int)]
+
+
+# Callback types of devstage_region_hooks.
+REGION_ADDED = CFUNCTYPE(c_int, c_void_p, POINTER(Region))
+REGION_REMOVING = CFUNCTYPE(None, c_void_p, POINTER(Region))
+
+
+class RegionHooks(Structure):
+    _fields_ = [("added", REGION_ADDED), ("added_context", c_void_p), ("removing", REGION_REMOVING),
+                ("removing_context", c_void_p)]
+
+
 class Callbacks(Structure):
     _fields_ = [
         ("name", c_char_p), ("context", c_void_p),
@@ -171,6 +195,21 @@ _PROTOTYPES = {
     "devstage_pinned_pool_record": (_S, [handle_p, c_void_p, c_void_p]),
     "devstage_pinned_pool_trim": (_S, [handle_p]),
     "devstage_pinned_pool_stats": (_S, [handle_p, POINTER(PinnedStats)]),
+    "devstage_pinned_pool_regions": (_S, [handle_p, POINTER(Region), c_size_t, POINTER(c_size_t)]),
+    "devstage_pinned_pool_set_region_hooks": (_S, [handle_p, POINTER(RegionHooks)]),
+    "devstage_pinned_pool_describe": (_S, [handle_p, c_void_p, POINTER(RegionSlice)]),
+    "devstage_stager_regions": (_S, [handle_p, POINTER(Region), c_size_t, POINTER(c_size_t)]),
+    "devstage_stager_set_region_hooks": (_S, [handle_p, POINTER(RegionHooks)]),
+    "devstage_stager_describe": (_S, [handle_p, c_void_p, POINTER(RegionSlice)]),
+    "devstage_pinned_region_create": (_S, [handle_p, c_size_t, ctypes.c_uint, POINTER(handle_p)]),
+    "devstage_pinned_region_destroy": (_S, [handle_p]),
+    "devstage_pinned_region_info": (_S, [handle_p, POINTER(c_uint64), POINTER(c_void_p), POINTER(c_size_t)]),
+    "devstage_pinned_region_progress": (_S, [handle_p, POINTER(RegionProgress)]),
+    "devstage_pinned_region_ready": (_S, [handle_p, POINTER(c_int)]),
+    "devstage_pinned_region_wait": (_S, [handle_p]),
+    "devstage_pinned_region_cancel": (_S, [handle_p]),
+    "devstage_pinned_region_allocate": (_S, [handle_p, c_size_t, c_size_t, POINTER(c_void_p)]),
+    "devstage_pinned_region_free": (_S, [handle_p, c_void_p]),
 }
 
 

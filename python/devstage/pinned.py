@@ -6,7 +6,7 @@ import math
 import threading
 from ctypes import byref, c_void_p
 
-from . import _dtypes, _host, _lib
+from . import _dtypes, _host, _lib, regions as _regions
 from ._dtypes import dtype_name
 from ._lib import lib
 from .backend import Stream
@@ -25,6 +25,7 @@ class _PoolHandle:
         self.lock = threading.Lock()
         self.buffers = 0        # live PinnedBuffers
         self.dropped = False    # the pool object went first
+        self.hooks = _regions.HookHolder()  # region hooks: called until the C pool and its regions go
         self.handle = c_void_p()
         check(lib.devstage_pinned_pool_create(backend._handle, max_cached_bytes, byref(self.handle)))  # pylint: disable=protected-access
 
@@ -97,6 +98,34 @@ class PinnedPool:
     def trim(self):
         """Frees the cached blocks now (waiting for their recorded work)."""
         check(lib.devstage_pinned_pool_trim(self._pool.handle))
+
+    # ---- regions for transfer engines (docs/transfer_engines.md) ------------------------------
+
+    def regions(self):
+        """Every region of the pool (devstage.regions.Region): each block it holds and each region
+        made with create_region once registered."""
+        return _regions.list_regions(lib.devstage_pinned_pool_regions, self._pool.handle, "PinnedPool.regions")
+
+    def set_region_hooks(self, added=None, removing=None):
+        """The callables an engine registers regions with: `added(region)` at once for every
+        region, then for each new one before any slice of it is handed out; `removing(region)`
+        before one is freed. They run in the thread that creates or frees the region (a
+        registration thread of create_region). An `added` that raises refuses the region (see
+        devstage.regions.Hooks); here, the old hooks stay and BackendFailure is raised."""
+        self._pool.hooks.set(lib.devstage_pinned_pool_set_region_hooks, self._pool.handle, added, removing,
+                             "PinnedPool.set_region_hooks")
+
+    def describe(self, array_or_pointer):
+        """The slice (devstage.regions.RegionSlice: region, offset, bytes) an address or a tensor's
+        memory lies in; None when it is not the pool's pinned memory."""
+        return _regions.describe(lib.devstage_pinned_pool_describe, self._pool.handle, array_or_pointer,
+                                 "PinnedPool.describe")
+
+    def create_region(self, nbytes, background=True, threads=2):
+        """A region of `nbytes` pinned at its exact size in chunks (devstage.regions.PinnedRegion):
+        registered in `threads` background threads after the call returns (progress(), ready(),
+        wait(), cancel()), or before it returns when background is False."""
+        return _regions.PinnedRegion(self._pool, nbytes, threads if background else 0)
 
     @property
     def stats(self):

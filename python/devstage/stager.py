@@ -8,7 +8,7 @@ import weakref
 from ctypes import byref, c_size_t, c_void_p
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import _calls, _dlpack, _lib, lifecycle
+from . import _calls, _dlpack, _lib, lifecycle, regions as _regions
 from ._lib import lib
 from ._slots import SlotLedger
 from .args import TensorShape, stage_args
@@ -61,13 +61,14 @@ class _Core:
     have copies pending (a failed finish, a dropped run), let go once the C stager waited for them
     (release(), abandon(), its destruction)."""
 
-    __slots__ = ("handle", "held", "backend", "__weakref__")
+    __slots__ = ("handle", "held", "backend", "hooks", "__weakref__")
     _destroy = lib.devstage_stager_destroy
 
     def __init__(self, handle: int, backend: Any) -> None:
         self.handle: Optional[int] = handle
         self.held: List[Any] = []
         self.backend = backend  # its callbacks outlive the C stager
+        self.hooks = _regions.HookHolder()  # region hooks: called until the C stager goes
 
     def let_go(self) -> None:
         held, self.held = self.held, []
@@ -511,6 +512,37 @@ class Stager:
             self._core.destroy()
 
     # ---- inspection --------------------------------------------------------------------------
+
+    def regions(self) -> List[Any]:
+        """The stager's regions (devstage.regions.Region): each slot's retained device buffer
+        (kind "device") and pinned mirror (kind "pinned_host"), as they are now."""
+        self._enter("Stager.regions")
+        try:
+            return _regions.list_regions(lib.devstage_stager_regions, self._h, "Stager.regions")
+        finally:
+            self._lock.release()
+
+    def set_region_hooks(self, added: Any = None, removing: Any = None) -> None:
+        """The callables an engine registers the stager's regions with (docs/staging.md): `added`
+        at once for every region, then for each new buffer or mirror before anything is staged in
+        it; `removing` before one is freed, moved, released or forgotten. They run in the thread
+        driving the stager. An `added` that raises refuses the region: the call that made it
+        raises BackendFailure (the exception goes to sys.unraisablehook)."""
+        self._enter("Stager.set_region_hooks")
+        try:
+            self._core.hooks.set(lib.devstage_stager_set_region_hooks, self._h, added, removing,
+                                 "Stager.set_region_hooks")
+        finally:
+            self._lock.release()
+
+    def describe(self, array_or_pointer: Any) -> Any:
+        """The slice (devstage.regions.RegionSlice) an address or a tensor lies in — a frame's
+        host view, a run's device arg's data_ptr — or None when it is in none of the regions."""
+        self._enter("Stager.describe")
+        try:
+            return _regions.describe(lib.devstage_stager_describe, self._h, array_or_pointer, "Stager.describe")
+        finally:
+            self._lock.release()
 
     @property
     def stats(self) -> Dict[str, int]:

@@ -35,7 +35,9 @@ def fields(source, name):
     ("devstage_callbacks", _lib.Callbacks), ("devstage_stager_stats", _lib.StagerStats),
     ("devstage_pinned_stats", _lib.PinnedStats), ("devstage_stager_config", _lib.StagerConfig),
     ("devstage_tensor_arg", _lib.TensorArg), ("devstage_tensor_shape", _lib.TensorShape),
-    ("devstage_backend_info", _lib.BackendInfo)])
+    ("devstage_backend_info", _lib.BackendInfo), ("devstage_region", _lib.Region),
+    ("devstage_region_slice", _lib.RegionSlice), ("devstage_region_progress", _lib.RegionProgress),
+    ("devstage_region_hooks", _lib.RegionHooks)])
 def test_structures_match_the_header(c_name, structure):
     assert [name for name, _ in structure._fields_] == fields(header(), c_name)
 

@@ -7,13 +7,16 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "any_backend.hpp"
 #include "devstage/c/devstage.h"
 #include "devstage/completion.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/output_policy.hpp"
+#include "devstage/region.hpp"
 #include "devstage/run.hpp"
 #include "devstage/stager_options.hpp"
 #include "devstage/stats.hpp"
@@ -61,6 +64,9 @@ public:
     virtual const Status& status() const noexcept = 0;
     virtual void set_error_sink(ErrorSink sink) noexcept = 0;
     virtual void set_output_policy(OutputPolicy policy) noexcept = 0;
+    virtual std::vector<PinnedRegion> regions() const = 0;
+    virtual Status set_region_hooks(RegionHooks hooks) noexcept = 0;
+    virtual std::optional<RegionSlice> describe(const void* pointer) const noexcept = 0;
 };
 
 /// A stager of `strategy` over `backend` (which outlives it), configured by `options`. Throws

@@ -30,6 +30,8 @@ const char* kind_name(HandleKind kind) noexcept {
             return "event";
         case HandleKind::pool:
             return "pinned pool";
+        case HandleKind::region:
+            return "pinned region";
     }
     return "unknown";
 }
@@ -103,7 +105,8 @@ std::string HandleTable::why_not(const char* function, std::uint64_t handle, Han
     std::snprintf(value, sizeof value, "0x%" PRIx64, handle);
     const std::string wanted = kind_name(kind);
     const std::string prefix = std::string(function) + ": ";
-    if ((handle & 0xF0) != 0xD0 || (handle & 0x0F) == 0 || (handle & 0x0F) > static_cast<unsigned>(HandleKind::pool)) {
+    if ((handle & 0xF0) != 0xD0 || (handle & 0x0F) == 0 ||
+        (handle & 0x0F) > static_cast<unsigned>(HandleKind::region)) {
         return prefix + value + " is not a " + wanted + " handle (devstage never handed it out)";
     }
     const auto given = static_cast<HandleKind>(handle & 0x0F);

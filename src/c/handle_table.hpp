@@ -25,9 +25,9 @@
 
 namespace devstage::capi {
 
-enum class HandleKind : std::uint8_t { backend = 1, stager, run, frame, completion, stream, event, pool };
+enum class HandleKind : std::uint8_t { backend = 1, stager, run, frame, completion, stream, event, pool, region };
 
-/// "backend", "stager", ..., "pinned pool".
+/// "backend", "stager", ..., "pinned pool", "pinned region".
 const char* kind_name(HandleKind kind) noexcept;
 
 class HandleTable {

@@ -129,6 +129,13 @@ struct PoolState {
     std::unique_ptr<PinnedPool> pool;
 };
 
+/// A region made with devstage_pinned_region_create: the handle keeps the pool's memory (its
+/// core) and the backend alive.
+struct PinnedRegionState {
+    BackendPtr backend;
+    PinnedRegionHandle region;
+};
+
 struct StreamState {
     BackendState* owner;  // the backend handle it was made through (live while the stream is)
     AnyBackend::Stream native;
@@ -172,6 +179,11 @@ template <>
 struct HandleOf<PoolState> {
     using type = devstage_pinned_pool*;
     static constexpr HandleKind kind = HandleKind::pool;
+};
+template <>
+struct HandleOf<PinnedRegionState> {
+    using type = devstage_pinned_region*;
+    static constexpr HandleKind kind = HandleKind::region;
 };
 template <>
 struct HandleOf<StreamState> {

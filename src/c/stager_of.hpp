@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "any_backend.hpp"
 #include "any_stager.hpp"
@@ -66,6 +68,11 @@ public:
     const Status& status() const noexcept override { return stager_.status(); }
     void set_error_sink(ErrorSink sink) noexcept override { stager_.set_error_sink(sink); }
     void set_output_policy(OutputPolicy policy) noexcept override { stager_.set_output_policy(policy); }
+    std::vector<PinnedRegion> regions() const override { return stager_.regions(); }
+    Status set_region_hooks(RegionHooks hooks) noexcept override { return stager_.set_region_hooks(std::move(hooks)); }
+    std::optional<RegionSlice> describe(const void* pointer) const noexcept override {
+        return stager_.describe(pointer);
+    }
 
 private:
     Stager<AnyBackend, Strategy> stager_;

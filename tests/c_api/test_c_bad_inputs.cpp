@@ -45,6 +45,7 @@ struct World {
         C_OK(devstage_pinned_pool_create(backend, 1 << 20, &pool));
         C_OK(devstage_device_malloc(backend, 4096, &device));
         C_OK(devstage_pinned_pool_allocate(pool, 4096, &pinned));
+        C_OK(devstage_pinned_region_create(pool, std::size_t{1} << 20, 0, &region));
         const devstage_tensor_arg args[] = {arg(host.data(), host.size(), DEVSTAGE_IN_OUT)};
         C_OK(devstage_bind_on(stager, args, 1, stream, &run));
         devstage_run* finished = nullptr;
@@ -71,6 +72,8 @@ struct World {
         C_OK(devstage_event_destroy(backend, dead_event));
         C_OK(devstage_pinned_pool_create(backend, 0, &dead_pool));
         C_OK(devstage_pinned_pool_destroy(dead_pool));
+        C_OK(devstage_pinned_region_create(pool, 4096, 0, &dead_region));
+        C_OK(devstage_pinned_region_destroy(dead_region));
         C_OK(devstage_backend_destroy(dead_backend));
     }
     World(const World&) = delete;
@@ -84,6 +87,10 @@ struct World {
         CHECK(devstage_completion_destroy(done) == DEVSTAGE_OK);
         CHECK(devstage_frame_destroy(frame) == DEVSTAGE_OK);
         CHECK(devstage_pinned_pool_free(pool, pinned) == DEVSTAGE_OK);
+        void* slice = nullptr;  // the region still hands out slices
+        CHECK(devstage_pinned_region_allocate(region, 256, 64, &slice) == DEVSTAGE_OK);
+        CHECK(devstage_pinned_region_free(region, slice) == DEVSTAGE_OK);
+        CHECK(devstage_pinned_region_destroy(region) == DEVSTAGE_OK);
         CHECK(devstage_pinned_pool_destroy(pool) == DEVSTAGE_OK);
         CHECK(devstage_device_free(backend, device) == DEVSTAGE_OK);
         CHECK(devstage_stager_destroy(stager) == DEVSTAGE_OK);
@@ -124,6 +131,8 @@ struct World {
     devstage_stream dead_stream = nullptr;
     devstage_event dead_event = nullptr;
     devstage_pinned_pool* dead_pool = nullptr;
+    devstage_pinned_region* region = nullptr;  // of pool, 1 MiB, ready
+    devstage_pinned_region* dead_region = nullptr;
 };
 
 // A handle of the wrong kind, as another kind's pointer.
@@ -149,6 +158,7 @@ struct Outs {
     devstage_completion* completion;
     devstage_frame* frame;
     devstage_pinned_pool* pool;
+    devstage_pinned_region* region;
     devstage_stream stream;
     devstage_event event;
     void* pointer;
@@ -159,6 +169,7 @@ struct Outs {
         completion = as<devstage_completion*>(std::uintptr_t{1});
         frame = as<devstage_frame*>(std::uintptr_t{1});
         pool = as<devstage_pinned_pool*>(std::uintptr_t{1});
+        region = as<devstage_pinned_region*>(std::uintptr_t{1});
         stream = as<devstage_stream>(std::uintptr_t{1});
         event = as<devstage_event>(std::uintptr_t{1});
         pointer = as<void*>(std::uintptr_t{1});
@@ -563,6 +574,118 @@ std::vector<Row> rows() {
         [](World& w) { return devstage_pinned_pool_trim(w.dead_pool); });
     add("devstage_pinned_pool_stats", "NULL stats", bad, "stats is NULL",
         [](World& w) { return devstage_pinned_pool_stats(w.pool, nullptr); });
+
+    // ---- regions
+    static const devstage_region_hooks refusing{
+        [](void*, const devstage_region*) -> devstage_status { return DEVSTAGE_BACKEND_FAILURE; }, nullptr, nullptr,
+        nullptr};
+    add("devstage_pinned_pool_regions", "NULL count", bad, "count is NULL",
+        [](World& w) { return devstage_pinned_pool_regions(w.pool, nullptr, 0, nullptr); });
+    add("devstage_pinned_pool_regions", "NULL regions with a capacity", bad, "regions (with a capacity above 0)",
+        [](World& w) {
+            std::size_t count = 0;
+            return devstage_pinned_pool_regions(w.pool, nullptr, 4, &count);
+        });
+    add("devstage_pinned_pool_regions", "a destroyed pool", bad, "was destroyed", [](World& w) {
+        std::size_t count = 0;
+        return devstage_pinned_pool_regions(w.dead_pool, nullptr, 0, &count);
+    });
+    add("devstage_pinned_pool_set_region_hooks", "a destroyed pool", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_pool_set_region_hooks(w.dead_pool, nullptr); });
+    add("devstage_pinned_pool_set_region_hooks", "a stager as the pool", bad,
+        "a stager handle was given where a pinned pool",
+        [](World& w) { return devstage_pinned_pool_set_region_hooks(as<devstage_pinned_pool*>(w.stager), nullptr); });
+    add("devstage_pinned_pool_set_region_hooks", "an added hook that refuses", DEVSTAGE_BACKEND_FAILURE,
+        "the added hook returned 4", [](World& w) { return devstage_pinned_pool_set_region_hooks(w.pool, &refusing); });
+    add("devstage_pinned_pool_describe", "NULL slice", bad, "slice is NULL",
+        [](World& w) { return devstage_pinned_pool_describe(w.pool, w.pinned, nullptr); });
+    add("devstage_pinned_pool_describe", "a pointer of no region", DEVSTAGE_UNKNOWN_POINTER,
+        "lies in no region of the pinned pool", [](World& w) {
+            devstage_region_slice slice{1, 1, 1};
+            const devstage_status status = devstage_pinned_pool_describe(w.pool, w.host.data(), &slice);
+            return slice.region == 0 ? status : DEVSTAGE_BACKEND_FAILURE;
+        });
+    add("devstage_pinned_pool_describe", "a destroyed pool", bad, "was destroyed", [](World& w) {
+        devstage_region_slice slice{};
+        return devstage_pinned_pool_describe(w.dead_pool, w.pinned, &slice);
+    });
+    add("devstage_stager_regions", "NULL count", bad, "count is NULL",
+        [](World& w) { return devstage_stager_regions(w.stager, nullptr, 0, nullptr); });
+    add("devstage_stager_regions", "a destroyed stager", bad, "was destroyed", [](World& w) {
+        std::size_t count = 0;
+        return devstage_stager_regions(w.dead_stager, nullptr, 0, &count);
+    });
+    add("devstage_stager_set_region_hooks", "a destroyed stager", bad, "was destroyed",
+        [](World& w) { return devstage_stager_set_region_hooks(w.dead_stager, nullptr); });
+    add("devstage_stager_set_region_hooks", "an added hook that refuses", DEVSTAGE_BACKEND_FAILURE,
+        "the added hook returned 4", [](World& w) { return devstage_stager_set_region_hooks(w.stager, &refusing); });
+    add("devstage_stager_describe", "NULL slice", bad, "slice is NULL",
+        [](World& w) { return devstage_stager_describe(w.stager, w.host.data(), nullptr); });
+    add("devstage_stager_describe", "a pointer of no region", DEVSTAGE_UNKNOWN_POINTER,
+        "lies in no region of the stager", [](World& w) {
+            devstage_region_slice slice{};
+            return devstage_stager_describe(w.stager, w.host.data(), &slice);
+        });
+    add("devstage_stager_describe", "a run as the stager", bad, "a run handle was given where a stager", [](World& w) {
+        devstage_region_slice slice{};
+        return devstage_stager_describe(as<devstage_stager*>(w.run), w.host.data(), &slice);
+    });
+    const auto region_cleared = [](World&) { return outs.region == nullptr; };
+    add("devstage_pinned_region_create", "NULL out", bad, "out is NULL",
+        [](World& w) { return devstage_pinned_region_create(w.pool, 4096, 0, nullptr); });
+    add(
+        "devstage_pinned_region_create", "a destroyed pool", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_region_create(w.dead_pool, 4096, 0, &outs.region); }, region_cleared);
+    add(
+        "devstage_pinned_region_create", "SIZE_MAX bytes", DEVSTAGE_INVALID_ARGUMENT, "",
+        [](World& w) { return devstage_pinned_region_create(w.pool, huge, 0, &outs.region); }, region_cleared);
+    add("devstage_pinned_region_destroy", "a destroyed region", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_region_destroy(w.dead_region); });
+    add("devstage_pinned_region_destroy", "a pool as the region", bad,
+        "a pinned pool handle was given where a pinned region",
+        [](World& w) { return devstage_pinned_region_destroy(as<devstage_pinned_region*>(w.pool)); });
+    add("devstage_pinned_region_info", "NULL id", bad, "id is NULL", [](World& w) {
+        void* base = nullptr;
+        std::size_t bytes = 0;
+        return devstage_pinned_region_info(w.region, nullptr, &base, &bytes);
+    });
+    add("devstage_pinned_region_info", "a destroyed region", bad, "was destroyed", [](World& w) {
+        std::uint64_t id = 0;
+        std::size_t bytes = 0;
+        return devstage_pinned_region_info(w.dead_region, &id, &outs.pointer, &bytes);
+    });
+    add("devstage_pinned_region_progress", "NULL progress", bad, "progress is NULL",
+        [](World& w) { return devstage_pinned_region_progress(w.region, nullptr); });
+    add("devstage_pinned_region_progress", "a destroyed region", bad, "was destroyed", [](World& w) {
+        devstage_region_progress progress{};
+        return devstage_pinned_region_progress(w.dead_region, &progress);
+    });
+    add("devstage_pinned_region_ready", "NULL ready", bad, "ready is NULL",
+        [](World& w) { return devstage_pinned_region_ready(w.region, nullptr); });
+    add("devstage_pinned_region_ready", "a destroyed region", bad, "was destroyed", [](World& w) {
+        int ready = 0;
+        return devstage_pinned_region_ready(w.dead_region, &ready);
+    });
+    add("devstage_pinned_region_wait", "a destroyed region", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_region_wait(w.dead_region); });
+    add("devstage_pinned_region_cancel", "a region registered already", bad, "",
+        [](World& w) { return devstage_pinned_region_cancel(w.region); });
+    add("devstage_pinned_region_cancel", "NULL region", bad, "region is NULL",
+        [](World&) { return devstage_pinned_region_cancel(nullptr); });
+    add("devstage_pinned_region_allocate", "NULL host", bad, "host is NULL",
+        [](World& w) { return devstage_pinned_region_allocate(w.region, 64, 1, nullptr); });
+    add(
+        "devstage_pinned_region_allocate", "SIZE_MAX bytes", DEVSTAGE_OUT_OF_MEMORY, "",
+        [](World& w) { return devstage_pinned_region_allocate(w.region, huge, 1, &outs.pointer); }, pointer_cleared);
+    add(
+        "devstage_pinned_region_allocate", "an alignment that is not a power of two", bad, "",
+        [](World& w) { return devstage_pinned_region_allocate(w.region, 64, 3, &outs.pointer); }, pointer_cleared);
+    add("devstage_pinned_region_allocate", "a destroyed region", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_region_allocate(w.dead_region, 64, 1, &outs.pointer); });
+    add("devstage_pinned_region_free", "a pointer it did not hand out", DEVSTAGE_UNKNOWN_POINTER, "",
+        [](World& w) { return devstage_pinned_region_free(w.region, w.host.data()); });
+    add("devstage_pinned_region_free", "a destroyed region", bad, "was destroyed",
+        [](World& w) { return devstage_pinned_region_free(w.dead_region, w.pinned); });
 
     // ---- status
     add("devstage_last_message", "(no input)", DEVSTAGE_OK, "",

@@ -553,6 +553,113 @@ typedef struct devstage_pinned_stats {
 DEVSTAGE_C_API devstage_status devstage_pinned_pool_stats(const devstage_pinned_pool* pool,
                                                           devstage_pinned_stats* stats);
 
+/* ---- regions for transfer engines --------------------------------------------------------- */
+
+/* What a region's memory is (devstage_region.kind). */
+enum devstage_region_kind {
+    DEVSTAGE_REGION_PINNED_HOST = 0, /* page-locked host memory: a pool's blocks and regions, a stager's mirrors */
+    DEVSTAGE_REGION_DEVICE = 1       /* device memory of devstage_region.device: a stager's retained buffers */
+};
+
+/* One region: `bytes` at `base`, registered once by a transfer engine. `id` is unique in the
+ * process and never reused; `numa_node` -1: bound to none; `device` -1 for host memory. */
+typedef struct devstage_region {
+    uint64_t id;
+    void* base;
+    size_t bytes;
+    int numa_node;
+    int kind; /* devstage_region_kind */
+    int device;
+} devstage_region;
+
+/* A slice of region `region` (its id): `bytes` from `offset`. */
+typedef struct devstage_region_slice {
+    uint64_t region;
+    size_t offset;
+    size_t bytes;
+} devstage_region_slice;
+
+/* The hooks an engine registers regions with, each called with its own context. `added` runs
+ * before anything of a new region is handed out; a non-zero return refuses it (the call that
+ * made the region fails with that status; returned here at set_region_hooks, the old hooks
+ * stay). `removing` runs before a region is freed, moved or forgotten. Either may be NULL. */
+typedef struct devstage_region_hooks {
+    devstage_status (*added)(void* context, const devstage_region* region);
+    void* added_context;
+    void (*removing)(void* context, const devstage_region* region);
+    void* removing_context;
+} devstage_region_hooks;
+
+/* The pool's regions: `*count` is set to how many there are, and the first min(capacity,
+ * *count) are written to `regions` (NULL with capacity 0: ask for the count). */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_regions(const devstage_pinned_pool* pool, devstage_region* regions,
+                                                            size_t capacity, size_t* count);
+/* Sets the pool's hooks (copied; NULL: none): `added` runs at once for every listed region. Set
+ * again, the old `removing` runs for every listed region, then the new `added`. The pool calls
+ * them from the thread that creates or frees a region (a registration thread of
+ * devstage_pinned_region_create with threads), one at a time; contexts must stay valid until
+ * the pool and every region handle made from it are destroyed, or the hooks are replaced.
+ * Destroying the pool runs `removing` for the regions it frees. */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_set_region_hooks(devstage_pinned_pool* pool,
+                                                                     const devstage_region_hooks* hooks);
+/* The slice `pointer` lies in; DEVSTAGE_UNKNOWN_POINTER when it is not the pool's pinned memory. */
+DEVSTAGE_C_API devstage_status devstage_pinned_pool_describe(const devstage_pinned_pool* pool, const void* pointer,
+                                                             devstage_region_slice* slice);
+
+/* The same for a stager's retained device buffers and pinned mirrors (docs/staging.md): hooks
+ * run in the thread driving the stager; set again, the new `added` runs for every region first
+ * (a refusal undoes it and keeps the old hooks), then the old `removing`. Destroying the stager
+ * runs `removing` for every region left. */
+DEVSTAGE_C_API devstage_status devstage_stager_regions(const devstage_stager* stager, devstage_region* regions,
+                                                       size_t capacity, size_t* count);
+DEVSTAGE_C_API devstage_status devstage_stager_set_region_hooks(devstage_stager* stager,
+                                                                const devstage_region_hooks* hooks);
+DEVSTAGE_C_API devstage_status devstage_stager_describe(const devstage_stager* stager, const void* pointer,
+                                                        devstage_region_slice* slice);
+
+/* A region of `bytes` pinned at its exact size in chunks (docs/pinned.md, create_region), in
+ * `threads` background threads (0: before the call returns). The handle keeps the pool's memory
+ * and backend alive; destroyed, it cancels a registration in progress, and lets the region go
+ * once its last slice is freed. */
+typedef struct devstage_pinned_region devstage_pinned_region;
+
+enum devstage_region_state {
+    DEVSTAGE_REGION_REGISTERING = 0,
+    DEVSTAGE_REGION_READY = 1,
+    DEVSTAGE_REGION_FAILED = 2,
+    DEVSTAGE_REGION_CANCELLED = 3
+};
+
+typedef struct devstage_region_progress {
+    size_t bytes_registered;
+    size_t bytes_total;
+    size_t chunks_registered;
+    size_t chunks_total;
+    int state; /* devstage_region_state */
+    int cancel_requested;
+} devstage_region_progress;
+
+DEVSTAGE_C_API devstage_status devstage_pinned_region_create(devstage_pinned_pool* pool, size_t bytes,
+                                                             unsigned threads, devstage_pinned_region** out);
+DEVSTAGE_C_API devstage_status devstage_pinned_region_destroy(devstage_pinned_region* region);
+/* Its id (devstage_region.id once ready), where it starts, and the bytes asked for. */
+DEVSTAGE_C_API devstage_status devstage_pinned_region_info(const devstage_pinned_region* region, uint64_t* id,
+                                                           void** base, size_t* bytes);
+DEVSTAGE_C_API devstage_status devstage_pinned_region_progress(const devstage_pinned_region* region,
+                                                               devstage_region_progress* progress);
+/* `*ready` 1 once registered and accepted by the hooks, 0 while registering; the failure once it
+ * failed (a chunk, a hook, or the cancellation). Never blocks. */
+DEVSTAGE_C_API devstage_status devstage_pinned_region_ready(const devstage_pinned_region* region, int* ready);
+/* Blocks until the registration ended: DEVSTAGE_OK when ready, else its failure. */
+DEVSTAGE_C_API devstage_status devstage_pinned_region_wait(devstage_pinned_region* region);
+/* Stops a registration in progress and rolls it back; DEVSTAGE_INVALID_ARGUMENT once ready. */
+DEVSTAGE_C_API devstage_status devstage_pinned_region_cancel(devstage_pinned_region* region);
+/* A slice of `bytes` of the region aligned to `alignment` (a power of two), and its return:
+ * DEVSTAGE_BUSY while it registers. */
+DEVSTAGE_C_API devstage_status devstage_pinned_region_allocate(devstage_pinned_region* region, size_t bytes,
+                                                               size_t alignment, void** host);
+DEVSTAGE_C_API devstage_status devstage_pinned_region_free(devstage_pinned_region* region, void* host);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

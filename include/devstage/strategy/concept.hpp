@@ -20,6 +20,7 @@
 #include "devstage/detail/strategy/free_queue.hpp"
 #include "devstage/detail/strategy/slice.hpp"
 #include "devstage/lease.hpp"
+#include "devstage/mirror_source.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
@@ -47,6 +48,9 @@ struct Requirement {
     std::size_t mapped_bytes = 0;
     /// Map a new mirror for the device where the backend can (the stager maps small args).
     bool map_mirror = false;
+    /// Where a new mirror's pinned memory comes from (StagerOptions::mirror_source); null: the
+    /// backend's pinned_malloc. It outlives the mirrors made from it.
+    const MirrorSource* mirror_source = nullptr;
 };
 
 /// Device memory a strategy gives back goes through here: freed at once when no stream work

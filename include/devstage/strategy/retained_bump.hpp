@@ -214,7 +214,7 @@ private:
         Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
         const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
         if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, alignment, stats, need.keep,
-                                             need.mirror_slack_first, need.map_mirror);
+                                             need.mirror_slack_first, need.map_mirror, need.mirror_source);
             !mirrored) {
             ++stats.grow_failures;
             return mirrored;

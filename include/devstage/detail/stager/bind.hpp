@@ -135,21 +135,29 @@ public:
                                core_.stats.alignment_retries > 0,
                                core_.stats.mirror_alignment_retries > 0,
                                core_.map_small && !keep ? layout.packed_bytes : 0,
-                               core_.map_small};
+                               core_.map_small,
+                               core_.mirror_source ? &*core_.mirror_source : nullptr};
         if constexpr (Core::retained) {
             const std::size_t mirror = mirror_capacity_of(slot.strategy);
-            if (device_need_of(slot.strategy, need) <= slot.strategy.capacity() && need.mirror_bytes <= mirror) {
-                return {};
-            }
+            const bool device_fits = device_need_of(slot.strategy, need) <= slot.strategy.capacity();
+            if (device_fits && need.mirror_bytes <= mirror && !slot.regions.unlisted) return {};
             // The host frees and rewrites the mirror as it grows: no pending work may use it.
             if (slot.mirror_in_use && need.mirror_bytes > mirror) {
                 if (Status settled = settler().settle_fully(index, "grow"); !settled) return settled;
             }
+            // What may move is removed before the strategy frees it (a mapped slot's buffer may
+            // grow once its mirror is mapped anew); what stays is listed again afterwards.
+            const bool device_moves = need.map_mirror ? need.device_bytes > slot.strategy.capacity() : !device_fits;
+            core_.regions.remove(slot.regions, device_moves, need.mirror_bytes > mirror);
         }
         Status grown = settler().with_queue(index, [&](FreeQueue<B>& queue) {
             return slot.strategy.prepare(*core_.backend, need, core_.stats, queue);
         });
         slot.note_base(core_.stats);
+        if constexpr (Core::retained) {
+            Status listed = core_.list_regions(slot);
+            if (grown.ok() && !listed.ok()) return Status(listed.code(), core_.with_backend(listed.message()));
+        }
         return grown;
     }
 
@@ -216,7 +224,7 @@ private:
         if (Status ordered = Hazards<B, Strategy>(core_).order_after_in_flight(index, args, stream, false); !ordered) {
             return ordered;
         }
-        if (*required > slot.strategy.capacity()) {
+        if (*required > slot.strategy.capacity() || slot.regions.unlisted) {  // unlisted: list it again
             if (Status grown = grow(index, slot.run.layout); !grown) return grown;
             (void)core_.moves().slice(slot.run, base_of(slot.strategy), args);
         }

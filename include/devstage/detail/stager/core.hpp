@@ -99,7 +99,9 @@ struct StagerCore {
     OutputPolicy outputs = OutputPolicy::zero;
     std::size_t pack_limit = 0;  // 0: no packing (always, without a mirror)
     bool map_small = false;
-    CompletionOwner* completions = nullptr;  // the stager's, for the results of settled runs
+    CompletionOwner* completions = nullptr;     // the stager's, for the results of settled runs
+    RegionBook regions;                         // the hooks the slots' regions are listed with
+    std::optional<MirrorSource> mirror_source;  // the mirrors' memory, instead of pinned_malloc
 
     Async& async() noexcept {
         if constexpr (AsyncBackend<B>) {
@@ -117,6 +119,7 @@ struct StagerCore {
         outputs = options.outputs;
         pack_limit = options.pack_limit.value_or(pack_limit_of<Strategy>());
         map_small = pack_limit > 0 && options.map_small.value_or(maps_of<Strategy>());
+        mirror_source = options.mirror_source;
         const std::size_t count = options.pipeline_slots > 0 ? options.pipeline_slots : 1;
         if (Status refused = refusal(options, count, max_slots); !refused) {
             broken = Status(refused.code(), with_backend(refused.message()));
@@ -149,6 +152,11 @@ struct StagerCore {
             }
             return *own_stream;
         }
+    }
+
+    /// Lists slot `slot`'s memory as it is now (RegionBook::sync).
+    Status list_regions(Slot& slot) noexcept {
+        return regions.sync(slot.regions, slot.strategy, device_id_of(*backend), !mirror_source.has_value());
     }
 
     std::size_t index_of(const Slot& slot) const noexcept { return static_cast<std::size_t>(&slot - slots.data()); }
@@ -187,6 +195,11 @@ private:
                 message("stager: pack limit ", pack_limit,
                         PinnedHostBackend<B> ? " needs a strategy with a pinned mirror (MirroredStrategy)"
                                              : " needs pinned host memory for the mirror; the backend has none"));
+        }
+        if (options.mirror_source && (pack_limit == 0 || !*options.mirror_source)) {
+            return Status(Errc::invalid_argument,
+                          pack_limit == 0 ? "stager: a mirror source needs a pack limit above 0 (mirrors to carve)"
+                                          : "stager: a mirror source needs both allocate and deallocate");
         }
         if (options.map_small.value_or(false) && pack_limit == 0) {
             return Status(Errc::invalid_argument, "stager: map_small needs a pack limit above 0 (small args to map)");

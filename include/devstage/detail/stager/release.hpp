@@ -52,8 +52,10 @@ public:
         for (Slot& slot : core_.slots) {
             if (slot.fence.pending() || slot.settled < slot.generation) continue;  // not settled: still in use
             if (kept && mirror_of(slot.strategy) != nullptr) continue;             // pending work may read it
+            core_.regions.remove(slot.regions, true, true);
             Status freed = slot.strategy.release_retained(*core_.backend, core_.stats);
             if (first.ok()) first = std::move(freed);
+            if (Status listed = core_.list_regions(slot); !listed) core_.sink(listed);  // what stayed (unmap failed)
             slot.drop_bookkeeping();  // the per-arg host bookkeeping goes too: the next bind sizes it again
         }
         return first;
@@ -98,6 +100,7 @@ public:
             slot.carried.clear();
             slot.mirror_in_use = false;
             slot.settled = slot.generation;
+            core_.regions.remove(slot.regions, true, true);  // its memory may be gone already
             slot.strategy.abandon(core_.stats);
         }
         core_.own_stream.reset();
@@ -116,6 +119,11 @@ public:
         S& strategy = held.strategy;
         if (Status adopted = strategy.adopt(*core_.backend, allocation, bytes, core_.stats); !adopted) return adopted;
         held.note_base(core_.stats);
+        if (Status listed = core_.list_regions(held); !listed) {
+            return Status(listed.code(), core_.with_backend(message(listed.message(),
+                                                                    "; the slot keeps the buffer, unlisted until "
+                                                                    "the next grow")));
+        }
         return {};
     }
 
@@ -126,7 +134,10 @@ public:
         if (slot >= core_.slots.size()) return core_.out_of_range("detach", slot);
         if (core_.slots[slot].taken()) return core_.busy("detach");
         if (Status settled = Settler<B, Strategy>(core_).settle_fully(slot, "detach"); !settled) return settled;
-        return core_.slots[slot].strategy.detach(core_.stats);
+        core_.regions.remove(core_.slots[slot].regions, true, false);  // the buffer leaves the stager
+        auto detached = core_.slots[slot].strategy.detach(core_.stats);
+        (void)core_.list_regions(core_.slots[slot]);  // nothing new: the mirror stays listed
+        return detached;
     }
 
     /// The pageable ring set (see Stager::set_pageable_ring).

@@ -18,6 +18,7 @@
 #include "devstage/detail/schedule/run_order.hpp"
 #include "devstage/detail/schedule/slot_fence.hpp"
 #include "devstage/detail/stager/frames.hpp"
+#include "devstage/detail/stager/regions.hpp"
 #include "devstage/detail/stager/slot_state.hpp"
 #include "devstage/detail/transfer/packed.hpp"
 #include "devstage/detail/transfer/run_record.hpp"
@@ -97,6 +98,7 @@ struct StagerSlot {
     std::array<Stream, max_kernel_streams> kernel_streams{};
     std::size_t kernel_stream_count = 0;
     bool mirror_in_use = false;  // pending work (or the live run's uploads) reads or writes the mirror
+    SlotRegions regions;         // the regions its buffer and mirror are listed as
 
     /// Moves the slot along the state machine; `event` must be one the state admits.
     void go(SlotEvent event) noexcept {

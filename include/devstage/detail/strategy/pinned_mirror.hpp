@@ -11,6 +11,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/detail/util/message.hpp"
+#include "devstage/mirror_source.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 
@@ -35,11 +36,14 @@ public:
     /// `map`: a new mirror is mapped for the device where the backend can (MappedHostBackend; its
     /// device address must be aligned as the mirror is, else it is unmapped again): device()
     /// then gives its device address. A map refused is counted (StagerStats::map_failures) and
-    /// leaves the mirror unmapped, not an error. Precondition: no pending work reads or writes
-    /// the mirror (the Stager waits for a packed slot before it binds it again).
+    /// leaves the mirror unmapped, not an error. `source`: the new mirror's memory comes from it
+    /// (aligned by it) instead of pinned_malloc, and goes back to it. Precondition: no pending
+    /// work reads or writes the mirror (the Stager waits for a packed slot before it binds it
+    /// again).
     template <Backend B>
     Status ensure(B& backend, std::size_t target, std::size_t required, std::size_t alignment, StagerStats& stats,
-                  bool keep = false, bool slack_first = false, bool map = false) noexcept {
+                  bool keep = false, bool slack_first = false, bool map = false,
+                  const MirrorSource* source = nullptr) noexcept {
         static_assert(PinnedHostBackend<B>,
                       "PackSmall needs a PinnedHostBackend: the packed mirror is page-locked host memory "
                       "(pinned_malloc/pinned_free), which is what lets one copy each way move a run's small args");
@@ -48,8 +52,8 @@ public:
             if (Status freed = give_back(backend, block_, stats); !freed) return freed;
             block_ = {};
         }
-        Result<Block> grown = obtain(backend, target, alignment, slack_first, stats);
-        if (!grown && target > required) grown = obtain(backend, required, alignment, slack_first, stats);
+        Result<Block> grown = obtain(backend, target, alignment, slack_first, stats, source);
+        if (!grown && target > required) grown = obtain(backend, required, alignment, slack_first, stats, source);
         if (!grown) {
             return Status(grown.status().code(), message("packed mirror grow failed: required ", required,
                                                          " bytes of pinned host memory from backend '", backend.name(),
@@ -93,7 +97,8 @@ private:
         std::byte* data = nullptr;   // aligned
         std::size_t capacity = 0;
         std::size_t allocated = 0;
-        void* device = nullptr;  // mapped: the device address of data
+        void* device = nullptr;                // mapped: the device address of data
+        const MirrorSource* source = nullptr;  // where it came from; null: pinned_malloc
     };
 
     // Unmaps (where mapped) and frees `block`, taking it off the counters. An unmap that fails
@@ -114,7 +119,12 @@ private:
             }
         }
         Status status;
-        if constexpr (PinnedHostBackend<B>) {
+        if (block.source != nullptr) {
+            if (Status freed = block.source->deallocate(block.allocation); !freed) {
+                status = Status(freed.code(), message("packed mirror: giving it back to its source failed on backend '",
+                                                      backend.name(), "': ", freed.message()));
+            }
+        } else if constexpr (PinnedHostBackend<B>) {
             if (Status freed = backend.pinned_free(block.allocation); !freed) {
                 status = Status(freed.code(), message("packed mirror free failed on backend '", backend.name(),
                                                       "': ", freed.message()));
@@ -151,7 +161,18 @@ private:
     // at once, `slack_first`). Counted in mirror_bytes.
     template <Backend B>
     static Result<Block> obtain(B& backend, std::size_t bytes, std::size_t alignment, bool slack_first,
-                                StagerStats& stats) noexcept {
+                                StagerStats& stats, const MirrorSource* source) noexcept {
+        if (source != nullptr) {
+            Result<void*> got = source->allocate(bytes, alignment);
+            if (!got) return got.status();
+            if (reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
+                (void)source->deallocate(*got);
+                return Status(Errc::backend_failure,
+                              message("the mirror source returned ", *got, ", not aligned to ", alignment));
+            }
+            stats.mirror_bytes += bytes;
+            return Block{*got, static_cast<std::byte*>(*got), bytes, bytes, nullptr, source};
+        }
         const std::size_t with_slack = bytes + alignment - 1;
         if (with_slack < bytes) return Status(Errc::invalid_argument, "mirror size overflows");
         std::size_t allocated = slack_first ? with_slack : bytes;
@@ -164,8 +185,9 @@ private:
         }
         if (!got) return got.status();
         const auto at = reinterpret_cast<std::uintptr_t>(*got);
-        Block block{*got, static_cast<std::byte*>(*got) + ((alignment - at % alignment) % alignment), bytes, allocated,
-                    nullptr};
+        Block block{*got,    static_cast<std::byte*>(*got) + ((alignment - at % alignment) % alignment),
+                    bytes,   allocated,
+                    nullptr, nullptr};
         stats.mirror_bytes += allocated;
         return block;
     }
