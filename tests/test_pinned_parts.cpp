@@ -3,7 +3,12 @@
 // interface (pinned/detail/): RangeAllocator (a region's slices), RegionTable (regions and
 // their hooks, each called once per region), ChunkedRegistration (pinning in chunks, in the
 // calling thread or background threads, with progress, cancellation and a whole rollback when a
-// chunk fails), and PinnedBlockCache (the cache's bound, pending and retiring blocks).
+// chunk fails), PinnedBlockCache (the cache's bound, pending and retiring blocks); and the
+// core's steps, each over the parts it is given, wired as the core wires them: PinnedPhase (open,
+// closed, torn down), PinnedTeardownHooks (a backend's teardown heard once), PinnedObtain
+// (blocks out: cache hits, pending skips, a trim on out-of-memory), PinnedRetire (blocks back:
+// cached, freed, retiring until done), PinnedSweep (finalize, close), PinnedStreams (record,
+// forget) and PinnedRegionSet (regions made with create_region, their slices and teardown).
 #include <catch2/catch.hpp>
 
 #include <sys/mman.h>
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,8 +27,15 @@
 #include "devstage/backends/mock.hpp"
 #include "devstage/pinned/detail/block_cache.hpp"
 #include "devstage/pinned/detail/chunked_registration.hpp"
+#include "devstage/pinned/detail/obtain.hpp"
+#include "devstage/pinned/detail/phase.hpp"
 #include "devstage/pinned/detail/range_allocator.hpp"
+#include "devstage/pinned/detail/region_set.hpp"
 #include "devstage/pinned/detail/region_table.hpp"
+#include "devstage/pinned/detail/retire.hpp"
+#include "devstage/pinned/detail/streams.hpp"
+#include "devstage/pinned/detail/sweep.hpp"
+#include "devstage/pinned/detail/teardown_hooks.hpp"
 
 using namespace devstage;
 using devstage::detail::ChunkedRegistration;
@@ -313,4 +326,403 @@ TEST_CASE("pinned parts: PinnedBlockCache keeps idle blocks within its bound and
     cache.add_to(empty);
     CHECK(empty.cached_bytes == 0);
     CHECK(empty.pending_blocks == 0);
+}
+
+// ---- the core's steps, each over the parts it is given ---------------------------------------
+
+namespace {
+
+using detail::PinnedPhase;
+using Lock = std::unique_lock<std::mutex>;
+
+// The reports a part sends to its sink.
+struct Reports {
+    void operator()(const Status& status) noexcept {
+        std::lock_guard lock(mutex);
+        messages.emplace_back(status.message());
+    }
+    bool any(const std::string& text) {
+        std::lock_guard lock(mutex);
+        for (const std::string& message : messages) {
+            if (message.find(text) != std::string::npos) return true;
+        }
+        return false;
+    }
+    std::mutex mutex;
+    std::vector<std::string> messages;
+};
+
+// The parts of a core over a mock, wired as PinnedPoolCore wires them (caching, a 1 MiB bound).
+template <class Mock = MockBackend>
+struct CoreParts {
+    explicit CoreParts(Mock& mock) : backend(mock), source(mock, sink, PinnedPoolOptions{}) {
+        sink.set(ErrorSink::to(reports));
+    }
+    CoreParts(const CoreParts&) = delete;
+    CoreParts& operator=(const CoreParts&) = delete;
+    ~CoreParts() {
+        region_set.stop_all();
+        sweep.destroy();
+    }
+
+    static void heard(void*, Mock&) noexcept {}
+
+    Mock& backend;
+    Reports reports;
+    detail::PinnedSink sink;
+    detail::PinnedBlockSource<Mock> source;
+    detail::PinnedEvents<Mock> events{sink};
+    std::mutex mutex;
+    PinnedPhase phase{true};
+    detail::PinnedRegistry<Mock> registry;
+    detail::PinnedBlockCache<Mock> cache{std::size_t{1} << 20};
+    detail::PinnedRegionSet<Mock> region_set{mutex, phase, source, sink};
+    detail::PinnedRetire<Mock> retire{mutex, phase, cache, events, source, region_set, sink};
+    detail::PinnedObtain<Mock, CachingPinned> obtain{mutex, phase, registry, cache, events, source, retire, sink};
+    detail::PinnedTeardownHooks<Mock> hooks{&CoreParts::heard, this, sink};
+    detail::PinnedStreams<Mock> streams{mutex, phase, registry, cache, events, hooks, backend, source.name(), sink};
+    detail::PinnedSweep<Mock> sweep{mutex, phase, registry, cache, events, retire, source.name(), sink};
+
+    // A grant of `bytes` for `holder`, as allocate() makes it.
+    detail::PinnedCore::Grant grant(std::size_t bytes, detail::PinnedHolder holder) {
+        Lock lock(mutex);
+        Result<detail::PinnedBlock> block = obtain.obtain(lock, bytes, bytes, -1);
+        REQUIRE(block);
+        Result<detail::PinnedCore::Grant> granted = obtain.enroll(lock, *block, block->base, bytes, holder);
+        REQUIRE(granted);
+        return *granted;
+    }
+    // Gives back the grant at `pointer` as release() does, without streams.
+    void give_back(void* pointer) {
+        Lock lock(mutex);
+        auto live = registry.unlist(registry.lookup(pointer));
+        const bool keep = !live.detached && phase.cacheable();
+        CHECK(retire.retire(lock, live.block, keep).ok());
+    }
+    PinnedStats stats() {
+        PinnedStats out;
+        std::lock_guard lock(mutex);
+        registry.add_to(out);
+        cache.add_to(out);
+        obtain.add_to(out);
+        return out;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("pinned parts: PinnedPhase only moves forward, and says why nothing is handed out", "[pinned_parts]") {
+    PinnedPhase phase(true);
+    CHECK(phase.stage() == PinnedPhase::Stage::open);
+    CHECK(phase.cacheable());
+    CHECK(phase.refusal("sim").ok());
+    phase.close();
+    CHECK(phase.closed());
+    CHECK_FALSE(phase.torn_down());
+    CHECK_FALSE(phase.cacheable());
+    CHECK(phase.refusal("sim").code() == Errc::invalid_argument);
+    CHECK_THAT(std::string(phase.refusal("sim").message()), Catch::Contains("was destroyed (backend 'sim')"));
+    phase.tear_down();
+    phase.close();  // a torn-down pool stays torn down
+    CHECK(phase.torn_down());
+    CHECK_THAT(std::string(phase.refusal("sim").message()), Catch::Contains("backend 'sim' was torn down"));
+    PinnedPhase direct(false);
+    CHECK_FALSE(direct.cacheable());  // a policy that keeps nothing never caches
+    CHECK(direct.refusal("sim").ok());
+    PinnedPhase torn(true);
+    torn.tear_down();
+    CHECK(torn.closed());
+}
+
+namespace {
+struct Heard {
+    static void on(void* owner, MockBackend& backend) noexcept {
+        static_cast<Heard*>(owner)->backends.push_back(&backend);
+    }
+    std::vector<const MockBackend*> backends;
+};
+// A mock whose teardown takes no hook.
+class RefusingHooksMock : public MockBackend {
+public:
+    Result<std::uint64_t> add_teardown_hook(TeardownHook) noexcept {
+        return Status(Errc::out_of_memory, "no room for a hook");
+    }
+    static void heard(void*, RefusingHooksMock&) noexcept {}
+};
+}  // namespace
+
+TEST_CASE("pinned parts: PinnedTeardownHooks hears each backend's teardown once, until it is unhooked",
+          "[pinned_parts]") {
+    Heard heard;
+    Reports reports;
+    detail::PinnedSink sink;
+    sink.set(ErrorSink::to(reports));
+    detail::PinnedTeardownHooks<MockBackend> hooks(&Heard::on, &heard, sink);
+    std::optional<MockBackend> first(std::in_place), second(std::in_place), third(std::in_place);
+    const MockBackend* first_address = &*first;
+    hooks.hook(*first);
+    hooks.hook(*first);  // once per backend
+    hooks.hook(*second);
+    hooks.hook(*third);
+    CHECK(hooks.hooked(*first));
+    hooks.unhook(*second);
+    CHECK_FALSE(hooks.hooked(*second));
+    CHECK(hooks.hooked(*third));
+    first.reset();
+    REQUIRE(heard.backends.size() == 1);
+    CHECK(heard.backends[0] == first_address);
+    second.reset();  // unhooked: not heard
+    CHECK(heard.backends.size() == 1);
+    hooks.unhook_all();  // the first's hook ran: nothing is asked of the dead backend
+    CHECK_FALSE(hooks.hooked(*third));
+    third.reset();
+    CHECK(heard.backends.size() == 1);
+    CHECK(reports.messages.empty());
+    // A backend that refuses the hook: reported, not listed.
+    RefusingHooksMock refusing;
+    detail::PinnedTeardownHooks<RefusingHooksMock> refused(&RefusingHooksMock::heard, nullptr, sink);
+    refused.hook(refusing);
+    CHECK_FALSE(refused.hooked(refusing));
+    CHECK(reports.any("hooking to the teardown of backend 'mock' failed: no room for a hook"));
+}
+
+TEST_CASE("pinned parts: PinnedObtain takes idle cached blocks, skips pending ones until a query finds them done",
+          "[pinned_parts]") {
+    MockBackend mock(MockConfig{.deferred_async = true, .not_ready_polls = 2});
+    CoreParts parts(mock);
+    const detail::PinnedCore::Grant first = parts.grant(1000, detail::PinnedHolder::raw);
+    CHECK(parts.obtain.block_size(1000) == CachingPinned::size_class(1000));
+    parts.give_back(first.pointer);
+    CHECK(parts.stats().cached_blocks == 1);
+    const detail::PinnedCore::Grant again = parts.grant(900, detail::PinnedHolder::raw);  // the same size class
+    CHECK(again.pointer == first.pointer);
+    CHECK(again.id != first.id);
+    CHECK(parts.stats().cache_hits == 1);
+    CHECK(parts.stats().cache_misses == 1);
+
+    // Given back with work recorded on a stream: pending, passed over while its event is not ready.
+    const Result<MockBackend::Stream> stream = mock.create_stream();
+    REQUIRE(stream);
+    REQUIRE(parts.streams.record(again.pointer, again.id, *stream, mock, false).ok());
+    {
+        Lock lock(parts.mutex);
+        auto live = parts.registry.unlist(parts.registry.lookup(again.pointer));
+        REQUIRE(live.uses.size() == 1);
+        lock.unlock();
+        CHECK(parts.retire
+                  .retire_recorded(detail::PinnedEntry<MockBackend>{live.block, std::move(live.uses), false}, true,
+                                   "release")
+                  .ok());
+    }
+    CHECK(parts.stats().pending_blocks == 1);
+    std::vector<void*> fresh;
+    for (int poll = 0; poll < 2; ++poll) {
+        const detail::PinnedCore::Grant other = parts.grant(1000, detail::PinnedHolder::raw);
+        CHECK(other.pointer != again.pointer);
+        fresh.push_back(other.pointer);
+    }
+    CHECK(parts.stats().pending_skips == 2);
+    const detail::PinnedCore::Grant settled = parts.grant(1000, detail::PinnedHolder::raw);  // the third query: done
+    CHECK(settled.pointer == again.pointer);
+    CHECK(parts.stats().pending_skips == 2);
+    CHECK(parts.stats().cache_hits == 2);
+    parts.give_back(settled.pointer);
+    for (void* pointer : fresh) parts.give_back(pointer);
+    // A closed pool hands out nothing, from the cache either.
+    {
+        std::lock_guard lock(parts.mutex);
+        parts.phase.close();
+    }
+    Lock lock(parts.mutex);
+    const Result<detail::PinnedBlock> refused = parts.obtain.obtain(lock, 1000, 1000, -1);
+    CHECK(refused.status().code() == Errc::invalid_argument);
+    lock.unlock();
+    CHECK(mock.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("pinned parts: PinnedObtain trims idle cached blocks once when the backend is out of memory",
+          "[pinned_parts]") {
+    MockBackend mock;
+    CoreParts parts(mock);
+    const detail::PinnedCore::Grant small = parts.grant(100, detail::PinnedHolder::raw);
+    parts.give_back(small.pointer);
+    REQUIRE(parts.stats().cached_blocks == 1);
+    mock.fail_call(MockOp::pinned_malloc, mock.calls(MockOp::pinned_malloc) + 1, Errc::out_of_memory);
+    const detail::PinnedCore::Grant big = parts.grant(100000, detail::PinnedHolder::raw);  // the retry succeeds
+    CHECK(parts.stats().cached_blocks == 0);
+    CHECK(mock.live_pinned_allocations() == 1);
+    parts.give_back(big.pointer);
+}
+
+TEST_CASE("pinned parts: PinnedRetire caches what the pool keeps, frees the rest, and frees retiring blocks once done",
+          "[pinned_parts]") {
+    MockBackend mock(MockConfig{.deferred_async = true, .not_ready_polls = 1});
+    CoreParts parts(mock);
+    const detail::PinnedCore::Grant kept = parts.grant(4096, detail::PinnedHolder::raw);
+    const detail::PinnedCore::Grant freed = parts.grant(4096, detail::PinnedHolder::raw);
+    {
+        Lock lock(parts.mutex);
+        auto live = parts.registry.unlist(parts.registry.lookup(freed.pointer));
+        CHECK(parts.retire.retire(lock, live.block, false).ok());  // not kept: back to the backend
+    }
+    CHECK(mock.live_pinned_allocations() == 1);
+    const Result<MockBackend::Stream> stream = mock.create_stream();
+    REQUIRE(stream);
+    REQUIRE(parts.streams.record(kept.pointer, kept.id, *stream, mock, false).ok());
+    {
+        Lock lock(parts.mutex);
+        auto live = parts.registry.unlist(parts.registry.lookup(kept.pointer));
+        lock.unlock();
+        // Not to be kept, with work pending: retiring until a query finds the work done.
+        CHECK(parts.retire
+                  .retire_recorded(detail::PinnedEntry<MockBackend>{live.block, std::move(live.uses), false}, false,
+                                   "release")
+                  .ok());
+    }
+    CHECK(parts.stats().retiring_blocks == 1);
+    CHECK(mock.live_pinned_allocations() == 1);
+    parts.retire.collect();  // the first query: not ready
+    CHECK(parts.stats().retiring_blocks == 1);
+    parts.retire.collect();
+    CHECK(parts.stats().retiring_blocks == 0);
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK(mock.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("pinned parts: PinnedSweep finalize detaches what is live, close frees what nothing can give back",
+          "[pinned_parts]") {
+    MockBackend mock;
+    CoreParts parts(mock);
+    const detail::PinnedCore::Grant raw = parts.grant(100, detail::PinnedHolder::raw);
+    const detail::PinnedCore::Grant held = parts.grant(300, detail::PinnedHolder::buffer);
+    const detail::PinnedCore::Grant cached = parts.grant(5000, detail::PinnedHolder::raw);
+    parts.give_back(cached.pointer);
+    CHECK(parts.sweep.finalize().ok());
+    CHECK(parts.stats().cached_blocks == 0);
+    CHECK(parts.stats().detached_allocations == 2);
+    CHECK(parts.reports.any("finalize: 2 allocation(s) still live, 400 bytes"));
+    CHECK(mock.live_pinned_allocations() == 2);
+    CHECK(parts.sweep.close().ok());
+    CHECK(parts.phase.closed());
+    CHECK(parts.reports.any("destroyed: 2 allocation(s) still live, 400 bytes, on backend 'mock': 1 raw (100 bytes)"));
+    CHECK(mock.live_pinned_allocations() == 1);  // the buffer's memory stays valid
+    CHECK_FALSE(parts.registry.contains(raw.pointer));
+    parts.give_back(held.pointer);  // detached: freed, not cached
+    CHECK(parts.stats().cached_blocks == 0);
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK(parts.sweep.trim().ok());
+}
+
+TEST_CASE("pinned parts: PinnedStreams records a stream once, and nothing once the backend was torn down",
+          "[pinned_parts]") {
+    MockBackend mock;
+    CoreParts parts(mock);
+    const detail::PinnedCore::Grant grant = parts.grant(100, detail::PinnedHolder::raw);
+    const Result<MockBackend::Stream> stream = mock.create_stream();
+    REQUIRE(stream);
+    CHECK(parts.streams.record(grant.pointer, grant.id, *stream, mock, false).ok());
+    CHECK(parts.streams.record(grant.pointer, 0, *stream, mock, true).ok());  // recorded already
+    {
+        std::lock_guard lock(parts.mutex);
+        CHECK(parts.registry.find(grant.pointer, grant.id)->uses.size() == 1);
+    }
+    const Status unknown = parts.streams.record(static_cast<char*>(grant.pointer) + 1, 0, *stream, mock, false);
+    CHECK(unknown.code() == Errc::unknown_pointer);
+    const Status other_grant = parts.streams.record(grant.pointer, grant.id + 1, *stream, mock, false);
+    CHECK(other_grant.code() == Errc::unknown_pointer);
+    CHECK(parts.streams.recorded_backends() == std::vector<MockBackend*>{&mock});
+    CHECK(parts.streams.forget(mock, false).ok());
+    {
+        std::lock_guard lock(parts.mutex);
+        CHECK(parts.registry.find(grant.pointer, grant.id)->uses.empty());
+        parts.phase.tear_down();
+    }
+    const Status torn = parts.streams.record(grant.pointer, grant.id, *stream, mock, false);
+    CHECK(torn.code() == Errc::invalid_argument);
+    CHECK_THAT(std::string(torn.message()), Catch::Contains("was torn down"));
+    parts.give_back(grant.pointer);
+    CHECK(mock.destroy_stream(*stream).ok());
+}
+
+TEST_CASE("pinned parts: PinnedRegionSet cuts slices of a registered region and lets it go with its last slice",
+          "[pinned_parts]") {
+    MockBackend mock;
+    CoreParts parts(mock);
+    const Result<std::uint64_t> id = parts.region_set.create(3 * page + 1, RegionOptions{});
+    REQUIRE(id);
+    CHECK(parts.region_set.ready(*id).value());
+    CHECK(parts.region_set.progress(*id).state == RegionState::ready);
+    CHECK(parts.source.regions().size() == 1);
+    CHECK(mock.live_registered_bytes() == 4 * page);
+    void* base = parts.region_set.base(*id);
+    REQUIRE(base != nullptr);
+    Result<detail::PinnedBlock> slice = Status(Errc::invalid_argument, "");
+    {
+        Lock lock(parts.mutex);
+        slice = parts.region_set.cut(lock, *id, page, page);
+        REQUIRE(slice);
+        CHECK(slice->base == base);
+        CHECK(slice->source == detail::BlockSource::slice);
+        CHECK(slice->region == *id);
+        const Result<detail::PinnedBlock> too_big = parts.region_set.cut(lock, *id, 4 * page, 1);
+        CHECK(too_big.status().code() == Errc::out_of_memory);
+        CHECK_THAT(std::string(too_big.status().message()),
+                   Catch::Contains("4096 of 16384 bytes in use, the largest free range 12288 bytes"));
+        CHECK(parts.region_set.cut(lock, *id, page, 3).status().code() == Errc::invalid_argument);
+        CHECK(parts.region_set.cut(lock, *id + 1000, page, 1).status().code() == Errc::unknown_pointer);
+    }
+    CHECK(parts.region_set.cancel(*id).code() == Errc::invalid_argument);  // registered already
+    parts.region_set.drop(*id);                                            // a slice is still out: the region stays
+    CHECK(parts.region_set.find(*id) != nullptr);
+    CHECK(mock.live_registered_bytes() == 4 * page);
+    CHECK(parts.region_set.ready(*id).value());
+    CHECK(parts.retire.free_block(*slice).ok());  // the last slice: the region goes
+    CHECK(parts.region_set.find(*id) == nullptr);
+    CHECK(parts.region_set.ready(*id).status().code() == Errc::unknown_pointer);
+    CHECK(parts.source.regions().size() == 0);
+    CHECK(mock.live_registered_bytes() == 0);
+    CHECK(parts.source.locked_bytes() == 0);
+    {
+        std::lock_guard lock(parts.mutex);
+        parts.phase.close();
+    }
+    const Result<std::uint64_t> refused = parts.region_set.create(page, RegionOptions{});
+    CHECK_THAT(std::string(refused.status().message()), Catch::Contains("the pool was destroyed"));
+}
+
+TEST_CASE("pinned parts: PinnedRegionSet hands out nothing while registering, and a teardown unpins in place",
+          "[pinned_parts][threads]") {
+    GatedRegisterMock mock;
+    CoreParts<GatedRegisterMock> parts(mock);
+    const Result<std::uint64_t> id =
+        parts.region_set.create(2 * page, RegionOptions{.chunk_bytes = page, .threads = 1});
+    REQUIRE(id);
+    mock.wait_for_entries(1);
+    {
+        Lock lock(parts.mutex);
+        const Result<detail::PinnedBlock> early = parts.region_set.cut(lock, *id, page, 1);
+        CHECK(early.status().code() == Errc::busy);
+        CHECK_THAT(std::string(early.status().message()), Catch::Contains("still registering (0 of 2 chunks)"));
+    }
+    mock.permit(2);
+    REQUIRE(parts.region_set.wait(*id).ok());
+    Result<detail::PinnedBlock> slice = Status(Errc::invalid_argument, "");
+    {
+        Lock lock(parts.mutex);
+        slice = parts.region_set.cut(lock, *id, page, 1);
+        REQUIRE(slice);
+    }
+    std::vector<std::uint64_t> revoked;
+    detail::Tally tally;
+    parts.region_set.tear_down(parts.region_set.stop_listed(), tally,
+                               [&](std::uint64_t region) { revoked.push_back(region); });
+    CHECK(tally.first.ok());
+    CHECK(revoked.empty());  // mapped memory stays valid, pageable: nothing is revoked
+    CHECK(mock.live_registered_bytes() == 0);
+    CHECK(parts.source.regions().size() == 0);
+    static_cast<std::byte*>(slice->base)[0] = std::byte{1};  // still mapped
+    parts.region_set.drop(*id);
+    CHECK(parts.region_set.find(*id) != nullptr);  // the slice is out
+    CHECK(parts.retire.free_block(*slice).ok());
+    CHECK(parts.region_set.find(*id) == nullptr);
 }

@@ -132,6 +132,40 @@ public:
         return block;
     }
 
+    /// The memory of a region made with create_region, of `capacity` bytes (whole pages), not
+    /// counted or listed: mapped (on `node` when >= 0, registered later in chunks of `chunk`)
+    /// where the backend pins memory in place, else pinned with one pinned_malloc.
+    Result<PinnedBlock> region_memory(std::size_t capacity, int node, std::size_t chunk) noexcept {
+        if constexpr (HostRegisterBackend<B>) {
+            return map(capacity, node, chunk);
+        } else {
+            if (node >= 0) {
+                return Status(Errc::not_supported,
+                              "the backend cannot pin memory in place, so it cannot be bound to a NUMA node");
+            }
+            if (capacity > pinned_malloc_limit<B>()) {
+                return Status(Errc::out_of_memory,
+                              message_or_empty("one pinned_malloc may ask for at most ", pinned_malloc_limit<B>(),
+                                               " bytes on this backend"));
+            }
+            Result<void*> memory = backend_->pinned_malloc(capacity);
+            if (!memory) return memory.status();
+            PinnedBlock block;
+            block.base = *memory;
+            block.capacity = capacity;
+            block.exact = true;
+            return block;
+        }
+    }
+    /// Region memory that was never counted or listed, back: unmapped, or freed.
+    void drop_region_memory(const PinnedBlock& block) noexcept {
+        if (block.source == BlockSource::mapped) {
+            ::munmap(block.base, block.capacity);
+        } else {
+            (void)backend_->pinned_free(block.base);
+        }
+    }
+
     /// Lists `block` as a region (the hooks' `added` runs); a refusal frees it and is returned.
     Status list(PinnedBlock& block, const char* what) noexcept {
         PinnedRegion region{0, block.base, block.capacity, block.node, RegionKind::pinned_host, -1};

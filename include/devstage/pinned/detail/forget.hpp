@@ -21,6 +21,7 @@
 #include "devstage/pinned/detail/block_cache.hpp"
 #include "devstage/pinned/detail/events.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
+#include "devstage/pinned/detail/phase.hpp"
 #include "devstage/pinned/detail/registry.hpp"
 #include "devstage/status.hpp"
 
@@ -33,15 +34,10 @@ public:
     using Entry = PinnedEntry<B>;
     using Stream = typename Use::Stream;
 
-    /// The core's parts; `cacheable` says, under `mutex`, whether a block may wait in the cache.
+    /// The core's parts; `phase` says, under `mutex`, whether a block may wait in the cache.
     PinnedForget(std::mutex& mutex, PinnedRegistry<B>& registry, PinnedBlockCache<B>& cache, PinnedEvents<B>& events,
-                 const PinnedSink& sink, const bool& cacheable) noexcept
-        : mutex_(&mutex),
-          registry_(&registry),
-          cache_(&cache),
-          events_(&events),
-          sink_(&sink),
-          cacheable_(&cacheable) {}
+                 const PinnedSink& sink, const PinnedPhase& phase) noexcept
+        : mutex_(&mutex), registry_(&registry), cache_(&cache), events_(&events), sink_(&sink), phase_(&phase) {}
 
     /// Waits (the host blocks) for the work recorded on `backend`'s streams: for each live
     /// allocation that recorded one, an event is recorded on it now and waited for; each
@@ -156,7 +152,7 @@ private:
                     tally.add(std::move(failure));
                     if (!force) {
                         std::lock_guard lock(*mutex_);
-                        cache_->put_back(std::move(node), *cacheable_);
+                        cache_->put_back(std::move(node), phase_->cacheable());
                         continue;
                     }
                 }
@@ -176,7 +172,7 @@ private:
             // other backends' work may still use it.
             if (!others) entry.unknown = false;
             std::lock_guard lock(*mutex_);
-            cache_->put_back(std::move(node), *cacheable_);
+            cache_->put_back(std::move(node), phase_->cacheable());
         }
     }
 
@@ -185,7 +181,7 @@ private:
     PinnedBlockCache<B>* cache_;
     PinnedEvents<B>* events_;
     const PinnedSink* sink_;
-    const bool* cacheable_;
+    const PinnedPhase* phase_;
 };
 
 }  // namespace devstage::detail
