@@ -23,7 +23,7 @@ _LAYOUTS_KEPT = 8      # the latest distinct shape lists stager.frame(shapes) ke
 
 # The keywords of the configuration given by name: keyword -> {name: the C value}.
 _CHOICES = {
-    "strategy": {"retained": 0, "per_tensor": 1},
+    "strategy": {"retained": 0, "per_tensor": 1, "retained_vmm": 2},
     "growth": {"exact": 0, "geometric": 1, "granular": 2},
     "grow_order": {"allocate_first": 0, "free_first": 1},
     "output_policy": {"zero": 0, "kernel_writes_all": 1},
@@ -52,7 +52,21 @@ def _config(problems: List[str], keywords: Dict[str, Any]) -> _lib.StagerConfig:
             config.growth_numerator, config.growth_denominator = (int(v) for v in keywords["growth_factor"])
         except (TypeError, ValueError):
             problems.append(f"growth_factor {keywords['growth_factor']!r} is not (numerator, denominator)")
+    if type(keywords["map_small"]) is bool:  # pylint: disable=unidiomatic-typecheck
+        config.map_small = int(keywords["map_small"])
+    else:
+        problems.append(f"map_small {keywords['map_small']!r} is not True or False")
     return config
+
+
+# The C configuration's words for the Stager keywords' values, in its messages.
+_C_TERMS = (("map_small 1 ", "map_small=True "), ("per-tensor strategy", "per_tensor strategy"))
+
+
+def _python_terms(message: str) -> str:
+    for c_words, python_words in _C_TERMS:
+        message = message.replace(c_words, python_words)
+    return message
 
 
 class _Core:
@@ -88,29 +102,36 @@ class Stager:
     """Stages runs on one backend for one runner (use it from one thread at a time).
     `stager = Stager(backend, pack_limit=16384); run = stager.bind([In(x), Out(y)])`
 
-    strategy: "retained" (one device buffer per slot, kept across runs) or "per_tensor";
-    pack_limit: 0, or the byte limit under which args move in one copy each way (needs pinned
-    memory; frames need it); pipeline_slots: runs in flight; growth: "exact", "geometric"
-    (growth_factor=(numerator, denominator)) or "granular" (growth_granule, a power of two),
-    growth_cap (0: none) and grow_order ("allocate_first" or "free_first"); output_policy: "zero"
-    (Out args read as zeros where the kernel writes nothing) or "kernel_writes_all". Every
+    strategy: "retained" (one device buffer per slot, kept across runs), "per_tensor" (one
+    allocation per arg per run) or "retained_vmm" (one buffer per slot grown in place in reserved
+    virtual memory, its address never changing; backends with virtual memory);
+    pack_limit: 0, or any byte limit under which args move in one copy each way (needs pinned
+    memory; frames need it); map_small: True puts those small args in the pinned mirror mapped for
+    the device, where the backend maps it (the kernel reads and writes them in place, no copy;
+    stats mapped_runs), copied as without it elsewhere; pipeline_slots: runs in flight; growth:
+    "exact", "geometric" (growth_factor=(numerator, denominator)) or "granular" (growth_granule, a
+    power of two), growth_cap (0: none; retained_vmm: the bytes reserved, 0: 64 GiB) and
+    grow_order ("allocate_first" or "free_first"); output_policy: "zero" (Out args read as zeros
+    where the kernel writes nothing) or "kernel_writes_all". Every
     configuration error is reported at once, in one InvalidArgument (or NotSupported).
     close() (or a `with` block) gives everything back."""
 
     def __init__(self, backend: Any, strategy: str = "retained", pack_limit: int = 0, pipeline_slots: int = 1,
                  growth: str = "exact", growth_factor: Tuple[int, int] = (2, 1), growth_granule: int = 0,
-                 growth_cap: int = 0, grow_order: str = "allocate_first", output_policy: str = "zero") -> None:
+                 growth_cap: int = 0, grow_order: str = "allocate_first", output_policy: str = "zero",
+                 map_small: bool = False) -> None:
         self._h: Optional[int] = None  # the C stager's handle (None: closed)
         backend_handle = backend._live("Stager(backend)")  # pylint: disable=protected-access
         problems: List[str] = []
         config = _config(problems, dict(strategy=strategy, pack_limit=pack_limit, pipeline_slots=pipeline_slots,
                                         growth=growth, growth_factor=growth_factor, growth_granule=growth_granule,
-                                        growth_cap=growth_cap, grow_order=grow_order, output_policy=output_policy))
+                                        growth_cap=growth_cap, grow_order=grow_order, output_policy=output_policy,
+                                        map_small=map_small))
         handle = c_void_p()
         status = lib.devstage_stager_create(backend_handle, byref(config), byref(handle))
         if status != 0:
             failure = _lib.error_of(status)
-            problems.append(str(failure).removeprefix("devstage_stager_create: "))
+            problems.append(_python_terms(str(failure).removeprefix("devstage_stager_create: ")))
             raise type(failure)(failure.status, "devstage Stager: " + "; ".join(problems))
         if problems:
             lib.devstage_stager_destroy(handle)
