@@ -3,7 +3,6 @@
 tensors (DLPack), and copied back after. The run lifecycle reads top to bottom here — frame,
 bind, finish — and the ending of the stager after it: release, reserve, abandon, close."""
 import gc
-import threading
 import weakref
 from ctypes import byref, c_size_t, c_void_p
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -141,7 +140,7 @@ class Stager:
         self._core = _Core(handle.value, backend)
         self._h = handle.value
         self._ledger = SlotLedger(self.pipeline_slots)
-        self._lock = threading.Lock()  # held by the call in progress: a second thread is refused
+        self._guard = _calls.Guard()  # held by the call in progress: a second thread is refused
         self._deferred: List[Completion] = []  # finishes waiting for the runs' exported tensors
         self._layouts: Dict[Tuple[TensorShape, ...], Layout] = {}  # frame(shapes)'s, latest last
         self._all_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
@@ -151,10 +150,10 @@ class Stager:
     # ---- one call at a time ----------------------------------------------------------------
 
     def _enter(self, call: str) -> None:
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent(call)
         if self._h is None:
-            self._lock.release()
+            self._guard.leave()
             raise self._closed(call)
 
     @staticmethod
@@ -167,7 +166,7 @@ class Stager:
         return ValueError(f"devstage {call}: the stager was closed")
 
     def _leave(self) -> None:
-        self._lock.release()
+        self._guard.leave()
 
     @property
     def closed(self) -> bool:
@@ -196,7 +195,7 @@ class Stager:
         """A free slot's pinned mirror laid out for `shapes` (a Layout, or TensorShapes), for inputs
         written in place: write frame.arrays[i] (or frame[i] = value, checked), then
         bind(frame[, stream]). Needs a packing stager. Busy when every slot is held."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.frame")
         try:
             if self._h is None:
@@ -209,9 +208,10 @@ class Stager:
             ledger = self._ledger
             if ledger.full():
                 raise self._busy("Stager.frame")
-            handle, slot, places = _calls.frame_open(self._h, layout._address, layout.count, "Stager.frame")  # pylint: disable=protected-access
-            memory = layout._memories[slot]  # pylint: disable=protected-access
-            if memory is None or memory.hosts != places:
+            memories = layout._memories  # pylint: disable=protected-access
+            handle, slot, places = _calls.frame_open(self._h, layout._address, layout.count, "Stager.frame", memories)  # pylint: disable=protected-access
+            memory = memories[slot]
+            if memory is None or memory.hosts is not places and memory.hosts != places:
                 memory = layout.memory(slot, places)
             frame = Frame(self, layout, handle, slot, memory)
             ledger.take(slot, frame)
@@ -219,7 +219,7 @@ class Stager:
         except Busy as busy:
             raise self._named(busy) from None
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _frame_dropped(self, frame: Frame, handle: int) -> None:
         """An unbound frame the engine dropped: its C frame goes, and with it its slot."""
@@ -234,7 +234,7 @@ class Stager:
         on `stream` (a devstage Stream of this backend, a torch stream, or a raw handle). `args`:
         a list of In(), Out(), InOut(), Device(); or a Frame from frame(). The Run holds the args
         (and so their memory) until it ends. Busy when every slot is held."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.bind")
         try:
             if self._h is None:
@@ -265,7 +265,7 @@ class Stager:
         except Busy as busy:
             raise self._named(busy) from None
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _bind_args(self, args: Sequence[Any], target: Any, on: int) -> Run:
         if self._ledger.full():
@@ -291,7 +291,7 @@ class Stager:
             if target.handle not in run._streams:  # pylint: disable=protected-access
                 run._streams += (target.handle,)  # pylint: disable=protected-access  (its kernels' failures are its)
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def finish(self, run: Run, stream: Any = None, ok: bool = True) -> Optional[Completion]:
         """Ends a run: copies back Out and InOut args if `ok` (the kernel succeeded) and gives
@@ -302,7 +302,7 @@ class Stager:
         stays live — its device memory valid, its slot taken — and the copy-backs are enqueued on
         `stream` once the last such tensor is gone (at this stager's next call, or the
         Completion's). A refused finish (a bad stream) leaves the run live."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.finish")
         try:
             if self._h is None:
@@ -334,7 +334,7 @@ class Stager:
             self._ledger.hand_over(run.slot, run, completion)
             return completion
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _finish_now(self, run: Run, handle: int, execution: int) -> None:
         if run._exports:  # pylint: disable=protected-access
@@ -409,7 +409,7 @@ class Stager:
             self._retire_views("Stager.reserve")
             _lib.check(lib.devstage_stager_reserve(self._h, nbytes), "Stager.reserve")
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def release(self) -> None:
         """Gives back all device memory now (waiting for pending work); live runs end without
@@ -430,7 +430,7 @@ class Stager:
             self._end_live_runs()
             self._core.let_go()
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def abandon(self) -> None:
         """Forgets all device memory and pending work without waiting (after a device reset or a
@@ -447,7 +447,7 @@ class Stager:
             self._retire_views(None)
             self._core.let_go()
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def close(self) -> None:
         """Ends the stager now: live runs end without copy-backs, pending work is waited for, and
@@ -461,7 +461,7 @@ class Stager:
             self._retire_views("Stager.close")
             self._end(force=True)
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def __enter__(self) -> "Stager":
         return self
@@ -542,7 +542,7 @@ class Stager:
             stats = _lib.StagerStats()
             _lib.check(lib.devstage_stager_stats_get(self._h, byref(stats)), "Stager.stats")
         finally:
-            self._lock.release()
+            self._guard.leave()
         return {name: getattr(stats, name) for name in _lib.STAGER_STATS_FIELDS}
 
     def __repr__(self) -> str:
