@@ -143,6 +143,11 @@ class Stager:
         self._guard = _calls.Guard()  # held by the call in progress: a second thread is refused
         self._deferred: List[Completion] = []  # finishes waiting for the runs' exported tensors
         self._layouts: Dict[Tuple[TensorShape, ...], Layout] = {}  # frame(shapes)'s, latest last
+        # The same, keyed by the identities of the TensorShape objects (hashed in C, where a
+        # TensorShape hashes in Python): an engine that frames the same shape objects every step
+        # finds its layout without hashing them. Each entry holds the shape objects of its key, so
+        # an id is not reused while the entry is kept.
+        self._layouts_by_id: Dict[Tuple[int, ...], Tuple[Layout, Tuple[TensorShape, ...]]] = {}
         self._all_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
         self._exports = DeviceExports(self._core)
         lifecycle.stager_made(self)
@@ -183,12 +188,19 @@ class Stager:
 
     def _layout_of(self, shapes: Sequence[TensorShape]) -> Layout:
         key = tuple(shapes)
+        ids = tuple(map(id, key))
+        entry = self._layouts_by_id.get(ids)
+        if entry is not None:
+            return entry[0]
         layout = self._layouts.get(key)
         if layout is None:
             layout = self.layout(key)
             if len(self._layouts) >= _LAYOUTS_KEPT:
                 del self._layouts[next(iter(self._layouts))]
             self._layouts[key] = layout
+        if len(self._layouts_by_id) >= _LAYOUTS_KEPT:
+            del self._layouts_by_id[next(iter(self._layouts_by_id))]
+        self._layouts_by_id[ids] = (layout, key)
         return layout
 
     def frame(self, shapes: Union[Layout, Sequence[TensorShape]]) -> Frame:
