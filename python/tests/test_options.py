@@ -138,7 +138,11 @@ def test_a_bound_frames_handle_goes_and_its_slot_stays_held(sim, calls):  # pyli
     kernel(sim, run, 16)
     with sim.create_stream() as stream:
         done = stager.finish(run, stream)
+        with pytest.raises(devstage.Busy):
+            c_frame()  # its Completion holds it
         done.wait()
+        with pytest.raises(devstage.Busy):
+            c_frame()  # waited, and still held until the Completion is closed: the outputs are in the frame
         assert (frame.arrays[1] == 10).all()  # the frame's memory is still the run's outputs
         done.close()
     c_frame()  # the run ended: the slot is free in the library
