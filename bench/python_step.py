@@ -319,6 +319,7 @@ def functions(out):
         if not found:
             break
         name = re.sub(r"^.*?:", "", found.group(2).strip(), count=1)  # the function and its object, not the file
+        name = re.sub(r"\[.*/", "[", name)  # the object's file name, not where it lies
         totals[name] = totals.get(name, 0) + int(found.group(1).replace(",", ""))
     return totals
 
