@@ -18,7 +18,7 @@ import importlib.util
 import os
 import threading
 from ctypes import POINTER, byref, c_int, c_size_t, c_void_p
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 from . import _lib
 from ._lib import lib
@@ -87,7 +87,7 @@ def _frame_create(stager: int, shapes: int, count: int, call: str) -> int:
     return _made(_c["devstage_frame_create"](stager, shapes, count, byref(out)), out, call)
 
 
-def _frame_open(stager: int, shapes: int, count: int, call: str) -> Tuple[int, int, Tuple[int, ...]]:
+def _frame_open(stager: int, shapes: int, count: int, call: str, memories) -> Tuple[int, int, Tuple[int, ...]]:  # pylint: disable=unused-argument
     handle = _frame_create(stager, shapes, count, call)
     try:
         return handle, _frame_slot(handle), _frame_hosts(handle, count)
@@ -169,13 +169,27 @@ def _write_all(hosts, nbytes, chars, itemsizes, shapes, first, values) -> bool: 
     return False
 
 
+class _Guard:
+    """One call at a time on a stager (the compiled module's Guard, over a lock): enter() takes it,
+    False when another thread's call holds it; leave() gives it back."""
+
+    __slots__ = ("_lock", "leave")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.leave = self._lock.release
+
+    def enter(self) -> bool:
+        return self._lock.acquire(False)
+
+
 _CTYPES = {
     "frame_create": _frame_create, "frame_open": _frame_open, "frame_slot": _frame_slot, "frame_hosts": _frame_hosts,
     "frame_destroy": _c["devstage_frame_destroy"], "bind": _bind, "bind_frame": _bind_frame, "run_slot": _run_slot,
     "run_device_args": _run_device_args, "run_destroy": _c["devstage_run_destroy"], "finish": _c["devstage_finish"],
     "finish_on": _finish_on, "completion_wait": _c["devstage_completion_wait"], "completion_ready": _completion_ready,
     "completion_destroy": _c["devstage_completion_destroy"], "launch_host_function": _launch_host_function,
-    "write": _write, "write_all": _write_all,
+    "write": _write, "write_all": _write_all, "Guard": _Guard,
 }
 
 
@@ -218,6 +232,7 @@ completion_destroy: Callable[[int], int]
 launch_host_function: Callable[[int, int, int], int]
 write: Callable[..., bool]
 write_all: Callable[..., bool]
+Guard: Callable[[], Any]
 
 
 def select(implementation: str) -> None:

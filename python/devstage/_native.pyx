@@ -91,13 +91,19 @@ def frame_create(stager, shapes, size_t count, call):
     return <uintptr_t>out
 
 
-def frame_open(stager, shapes, size_t count, call):
-    """frame_create, then its slot and every tensor's place: (frame, slot, places)."""
+def frame_open(stager, shapes, size_t count, call, list memories):
+    """frame_create, then its slot and every tensor's place: (frame, slot, places). `places` is
+    the `hosts` tuple of memories[slot] itself (a SlotMemory, or None) when the places are the same
+    ones: nothing is built for a slot framed again."""
     cdef void* out = NULL
     cdef void* s = p(stager)
     cdef const void* table = p(shapes)
     cdef int status
     cdef size_t slot = 0
+    cdef void* fixed[16]
+    cdef void** data = fixed
+    cdef size_t i
+    cdef tuple kept
     with nogil:
         status = c_frame_create(s, table, count, &out)
     if status:
@@ -106,11 +112,29 @@ def frame_open(stager, shapes, size_t count, call):
         status = c_frame_slot(out, &slot)
         if status:
             raise error_of(status, call)
-        places = frame_hosts(<uintptr_t>out, count)
+        if count > 16:
+            data = <void**>malloc(count * sizeof(void*))
+            if data == NULL:
+                raise MemoryError()
+        status = c_frame_hosts(out, data, NULL, count)
+        if status:
+            raise error_of(status, call)
+        memory = memories[slot] if slot < <size_t>len(memories) else None
+        if memory is not None:
+            kept = memory.hosts
+            if <size_t>len(kept) == count:
+                i = 0
+                while i < count and <uintptr_t>kept[i] == <uintptr_t>data[i]:
+                    i += 1
+                if i == count:
+                    return <uintptr_t>out, slot, kept
+        return <uintptr_t>out, slot, tuple([<uintptr_t>data[i] for i in range(count)])
     except BaseException:
         c_frame_destroy(out)
         raise
-    return <uintptr_t>out, slot, places
+    finally:
+        if data != fixed:
+            free(data)
 
 
 def frame_slot(frame):
@@ -410,3 +434,19 @@ cdef class HostBuffer:
 
     def __dealloc__(self):
         free(self._dims)
+
+
+cdef class Guard:
+    """One call at a time on a stager: enter() takes it, False when a call (on another thread, the
+    GIL released around its C call) holds it; leave() gives it back. A check and a set under the
+    GIL, which enter() never releases: so no second thread gets in between."""
+    cdef bint _held
+
+    def enter(self):
+        if self._held:
+            return False
+        self._held = True
+        return True
+
+    def leave(self):
+        self._held = False

@@ -99,8 +99,8 @@ class Completion:
 
     def wait(self) -> None:
         stager = self._stager
-        lock = stager._lock  # pylint: disable=protected-access
-        if not lock.acquire(False):
+        guard = stager._guard  # pylint: disable=protected-access
+        if not guard.enter():
             raise stager._concurrent("Completion.wait")  # pylint: disable=protected-access
         try:
             handle = self._handle
@@ -116,7 +116,7 @@ class Completion:
             if self._failure is not None:
                 raise self._failure
         finally:
-            lock.release()
+            guard.leave()
 
     def ready(self) -> bool:
         stager = self._stager
@@ -154,8 +154,8 @@ class Completion:
         if self._closed:
             return
         stager = self._stager
-        lock = stager._lock  # pylint: disable=protected-access
-        if not lock.acquire(False):
+        guard = stager._guard  # pylint: disable=protected-access
+        if not guard.enter():
             raise stager._concurrent("Completion.close")  # pylint: disable=protected-access
         try:
             if not self._closed:
@@ -174,7 +174,7 @@ class Completion:
                     if self._failure is not None:
                         raise self._failure
         finally:
-            lock.release()
+            guard.leave()
 
     def _closed_now(self) -> None:
         self._closed, self._handle = True, None

@@ -3,7 +3,6 @@
 tensors (DLPack), and copied back after. The run lifecycle reads top to bottom here — frame,
 bind, finish — and the ending of the stager after it: release, reserve, abandon, close."""
 import gc
-import threading
 import weakref
 from ctypes import byref, c_size_t, c_void_p
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -23,7 +22,7 @@ _LAYOUTS_KEPT = 8      # the latest distinct shape lists stager.frame(shapes) ke
 
 # The keywords of the configuration given by name: keyword -> {name: the C value}.
 _CHOICES = {
-    "strategy": {"retained": 0, "per_tensor": 1},
+    "strategy": {"retained": 0, "per_tensor": 1, "retained_vmm": 2},
     "growth": {"exact": 0, "geometric": 1, "granular": 2},
     "grow_order": {"allocate_first": 0, "free_first": 1},
     "output_policy": {"zero": 0, "kernel_writes_all": 1},
@@ -52,7 +51,21 @@ def _config(problems: List[str], keywords: Dict[str, Any]) -> _lib.StagerConfig:
             config.growth_numerator, config.growth_denominator = (int(v) for v in keywords["growth_factor"])
         except (TypeError, ValueError):
             problems.append(f"growth_factor {keywords['growth_factor']!r} is not (numerator, denominator)")
+    if type(keywords["map_small"]) is bool:  # pylint: disable=unidiomatic-typecheck
+        config.map_small = int(keywords["map_small"])
+    else:
+        problems.append(f"map_small {keywords['map_small']!r} is not True or False")
     return config
+
+
+# The C configuration's words for the Stager keywords' values, in its messages.
+_C_TERMS = (("map_small 1 ", "map_small=True "), ("per-tensor strategy", "per_tensor strategy"))
+
+
+def _python_terms(message: str) -> str:
+    for c_words, python_words in _C_TERMS:
+        message = message.replace(c_words, python_words)
+    return message
 
 
 class _Core:
@@ -89,29 +102,36 @@ class Stager:
     """Stages runs on one backend for one runner (use it from one thread at a time).
     `stager = Stager(backend, pack_limit=16384); run = stager.bind([In(x), Out(y)])`
 
-    strategy: "retained" (one device buffer per slot, kept across runs) or "per_tensor";
-    pack_limit: 0, or the byte limit under which args move in one copy each way (needs pinned
-    memory; frames need it); pipeline_slots: runs in flight; growth: "exact", "geometric"
-    (growth_factor=(numerator, denominator)) or "granular" (growth_granule, a power of two),
-    growth_cap (0: none) and grow_order ("allocate_first" or "free_first"); output_policy: "zero"
-    (Out args read as zeros where the kernel writes nothing) or "kernel_writes_all". Every
+    strategy: "retained" (one device buffer per slot, kept across runs), "per_tensor" (one
+    allocation per arg per run) or "retained_vmm" (one buffer per slot grown in place in reserved
+    virtual memory, its address never changing; backends with virtual memory);
+    pack_limit: 0, or any byte limit under which args move in one copy each way (needs pinned
+    memory; frames need it); map_small: True puts those small args in the pinned mirror mapped for
+    the device, where the backend maps it (the kernel reads and writes them in place, no copy;
+    stats mapped_runs), copied as without it elsewhere; pipeline_slots: runs in flight; growth:
+    "exact", "geometric" (growth_factor=(numerator, denominator)) or "granular" (growth_granule, a
+    power of two), growth_cap (0: none; retained_vmm: the bytes reserved, 0: 64 GiB) and
+    grow_order ("allocate_first" or "free_first"); output_policy: "zero" (Out args read as zeros
+    where the kernel writes nothing) or "kernel_writes_all". Every
     configuration error is reported at once, in one InvalidArgument (or NotSupported).
     close() (or a `with` block) gives everything back."""
 
     def __init__(self, backend: Any, strategy: str = "retained", pack_limit: int = 0, pipeline_slots: int = 1,
                  growth: str = "exact", growth_factor: Tuple[int, int] = (2, 1), growth_granule: int = 0,
-                 growth_cap: int = 0, grow_order: str = "allocate_first", output_policy: str = "zero") -> None:
+                 growth_cap: int = 0, grow_order: str = "allocate_first", output_policy: str = "zero",
+                 map_small: bool = False) -> None:
         self._h: Optional[int] = None  # the C stager's handle (None: closed)
         backend_handle = backend._live("Stager(backend)")  # pylint: disable=protected-access
         problems: List[str] = []
         config = _config(problems, dict(strategy=strategy, pack_limit=pack_limit, pipeline_slots=pipeline_slots,
                                         growth=growth, growth_factor=growth_factor, growth_granule=growth_granule,
-                                        growth_cap=growth_cap, grow_order=grow_order, output_policy=output_policy))
+                                        growth_cap=growth_cap, grow_order=grow_order, output_policy=output_policy,
+                                        map_small=map_small))
         handle = c_void_p()
         status = lib.devstage_stager_create(backend_handle, byref(config), byref(handle))
         if status != 0:
             failure = _lib.error_of(status)
-            problems.append(str(failure).removeprefix("devstage_stager_create: "))
+            problems.append(_python_terms(str(failure).removeprefix("devstage_stager_create: ")))
             raise type(failure)(failure.status, "devstage Stager: " + "; ".join(problems))
         if problems:
             lib.devstage_stager_destroy(handle)
@@ -121,9 +141,14 @@ class Stager:
         self._core = _Core(handle.value, backend)
         self._h = handle.value
         self._ledger = SlotLedger(self.pipeline_slots)
-        self._lock = threading.Lock()  # held by the call in progress: a second thread is refused
+        self._guard = _calls.Guard()  # held by the call in progress: a second thread is refused
         self._deferred: List[Completion] = []  # finishes waiting for the runs' exported tensors
         self._layouts: Dict[Tuple[TensorShape, ...], Layout] = {}  # frame(shapes)'s, latest last
+        # The same, keyed by the identities of the TensorShape objects (hashed in C, where a
+        # TensorShape hashes in Python): an engine that frames the same shape objects every step
+        # finds its layout without hashing them. Each entry holds the shape objects of its key, so
+        # an id is not reused while the entry is kept.
+        self._layouts_by_id: Dict[Tuple[int, ...], Tuple[Layout, Tuple[TensorShape, ...]]] = {}
         self._all_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
         self._exports = DeviceExports(self._core)
         lifecycle.stager_made(self)
@@ -131,10 +156,10 @@ class Stager:
     # ---- one call at a time ----------------------------------------------------------------
 
     def _enter(self, call: str) -> None:
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent(call)
         if self._h is None:
-            self._lock.release()
+            self._guard.leave()
             raise self._closed(call)
 
     @staticmethod
@@ -147,7 +172,7 @@ class Stager:
         return ValueError(f"devstage {call}: the stager was closed")
 
     def _leave(self) -> None:
-        self._lock.release()
+        self._guard.leave()
 
     @property
     def closed(self) -> bool:
@@ -164,19 +189,26 @@ class Stager:
 
     def _layout_of(self, shapes: Sequence[TensorShape]) -> Layout:
         key = tuple(shapes)
+        ids = tuple(map(id, key))
+        entry = self._layouts_by_id.get(ids)
+        if entry is not None:
+            return entry[0]
         layout = self._layouts.get(key)
         if layout is None:
             layout = self.layout(key)
             if len(self._layouts) >= _LAYOUTS_KEPT:
                 del self._layouts[next(iter(self._layouts))]
             self._layouts[key] = layout
+        if len(self._layouts_by_id) >= _LAYOUTS_KEPT:
+            del self._layouts_by_id[next(iter(self._layouts_by_id))]
+        self._layouts_by_id[ids] = (layout, key)
         return layout
 
     def frame(self, shapes: Union[Layout, Sequence[TensorShape]]) -> Frame:
         """A free slot's pinned mirror laid out for `shapes` (a Layout, or TensorShapes), for inputs
         written in place: write frame.arrays[i] (or frame[i] = value, checked), then
         bind(frame[, stream]). Needs a packing stager. Busy when every slot is held."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.frame")
         try:
             if self._h is None:
@@ -189,9 +221,10 @@ class Stager:
             ledger = self._ledger
             if ledger.full():
                 raise self._busy("Stager.frame")
-            handle, slot, places = _calls.frame_open(self._h, layout._address, layout.count, "Stager.frame")  # pylint: disable=protected-access
-            memory = layout._memories[slot]  # pylint: disable=protected-access
-            if memory is None or memory.hosts != places:
+            memories = layout._memories  # pylint: disable=protected-access
+            handle, slot, places = _calls.frame_open(self._h, layout._address, layout.count, "Stager.frame", memories)  # pylint: disable=protected-access
+            memory = memories[slot]
+            if memory is None or memory.hosts is not places and memory.hosts != places:
                 memory = layout.memory(slot, places)
             frame = Frame(self, layout, handle, slot, memory)
             ledger.take(slot, frame)
@@ -199,7 +232,7 @@ class Stager:
         except Busy as busy:
             raise self._named(busy) from None
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _frame_dropped(self, frame: Frame, handle: int) -> None:
         """An unbound frame the engine dropped: its C frame goes, and with it its slot."""
@@ -214,7 +247,7 @@ class Stager:
         on `stream` (a devstage Stream of this backend, a torch stream, or a raw handle). `args`:
         a list of In(), Out(), InOut(), Device(); or a Frame from frame(). The Run holds the args
         (and so their memory) until it ends. Busy when every slot is held."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.bind")
         try:
             if self._h is None:
@@ -245,7 +278,7 @@ class Stager:
         except Busy as busy:
             raise self._named(busy) from None
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _bind_args(self, args: Sequence[Any], target: Any, on: int) -> Run:
         if self._ledger.full():
@@ -271,7 +304,7 @@ class Stager:
             if target.handle not in run._streams:  # pylint: disable=protected-access
                 run._streams += (target.handle,)  # pylint: disable=protected-access  (its kernels' failures are its)
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def finish(self, run: Run, stream: Any = None, ok: bool = True) -> Optional[Completion]:
         """Ends a run: copies back Out and InOut args if `ok` (the kernel succeeded) and gives
@@ -282,7 +315,7 @@ class Stager:
         stays live — its device memory valid, its slot taken — and the copy-backs are enqueued on
         `stream` once the last such tensor is gone (at this stager's next call, or the
         Completion's). A refused finish (a bad stream) leaves the run live."""
-        if not self._lock.acquire(False):
+        if not self._guard.enter():
             raise self._concurrent("Stager.finish")
         try:
             if self._h is None:
@@ -314,7 +347,7 @@ class Stager:
             self._ledger.hand_over(run.slot, run, completion)
             return completion
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def _finish_now(self, run: Run, handle: int, execution: int) -> None:
         if run._exports:  # pylint: disable=protected-access
@@ -389,7 +422,7 @@ class Stager:
             self._retire_views("Stager.reserve")
             _lib.check(lib.devstage_stager_reserve(self._h, nbytes), "Stager.reserve")
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def release(self) -> None:
         """Gives back all device memory now (waiting for pending work); live runs end without
@@ -410,7 +443,7 @@ class Stager:
             self._end_live_runs()
             self._core.let_go()
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def abandon(self) -> None:
         """Forgets all device memory and pending work without waiting (after a device reset or a
@@ -427,7 +460,7 @@ class Stager:
             self._retire_views(None)
             self._core.let_go()
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def close(self) -> None:
         """Ends the stager now: live runs end without copy-backs, pending work is waited for, and
@@ -441,7 +474,7 @@ class Stager:
             self._retire_views("Stager.close")
             self._end(force=True)
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def __enter__(self) -> "Stager":
         return self
@@ -553,7 +586,7 @@ class Stager:
             stats = _lib.StagerStats()
             _lib.check(lib.devstage_stager_stats_get(self._h, byref(stats)), "Stager.stats")
         finally:
-            self._lock.release()
+            self._guard.leave()
         return {name: getattr(stats, name) for name in _lib.STAGER_STATS_FIELDS}
 
     def __repr__(self) -> str:

@@ -258,3 +258,24 @@ def test_a_host_view_is_a_view(sim):
         view.__dlpack__()
     del view
     stager.release()
+
+
+def test_frames_of_fresh_shape_objects_get_their_own_layouts(sim):
+    """frame(shapes) finds a layout by the shape objects or by their values: shapes made anew each
+    step (their objects' ids reused by Python) and a generator of shapes each get a layout of what
+    they say."""
+    np = numpy_or_skip()
+    stager = devstage.Stager(sim, pack_limit=16384)
+    same = [devstage.TensorShape(8, "int32"), devstage.TensorShape(8, "int32", devstage.OUT)]
+    for step in range(40):
+        shapes = [devstage.TensorShape(4 + step % 13, "int32"), devstage.TensorShape(3 + step % 7, "float32")]
+        frame = stager.frame(shapes if step % 2 else iter(shapes))
+        assert frame.shapes == tuple(shapes)
+        assert [a.shape for a in frame.arrays] == [(4 + step % 13,), (3 + step % 7,)]
+        stager.finish(stager.bind(frame))
+        del frame, shapes
+        frame = stager.frame(same)
+        assert frame.shapes == tuple(same) and frame.layout is stager._layout_of(same)  # pylint: disable=protected-access
+        frame.write(0, np.full(8, step, np.int32))
+        stager.finish(stager.bind(frame))
+        del frame

@@ -99,7 +99,7 @@ def test_callbacks_returning_nonsense_fail_the_call(host_device):
         devstage.Stager(backend).bind([devstage.In(np.zeros(64, np.uint8))])
 
 
-def test_a_stager_used_from_two_threads_at_once_is_refused(sim):
+def test_a_stager_used_from_two_threads_at_once_is_refused(sim, calls):  # pylint: disable=unused-argument
     numpy_or_skip()
     stager = devstage.Stager(sim)
     stream = sim.create_stream()
