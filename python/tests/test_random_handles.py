@@ -66,6 +66,8 @@ class Program:
         self.backend = make_backend()
         self.trace = []
         self.kernel_errors = []
+        self.clock = 0          # orders binds and kernel launches
+        self.failures = []      # kernels that raised: {"stream", "reported": False, True or None (unknown)}
         self.streams = [self.backend.create_stream() for _ in range(2)]
         self.stagers = [self.new_stager() for _ in range(2)]
         self.runs = []          # records of runs: see bind()
@@ -80,7 +82,7 @@ class Program:
     # ---- the model's bookkeeping ---------------------------------------------------------------
     def fail(self, message):
         raise Disagreement(f"{message}\nseed {self.seed} on {self.kind}; the last calls:\n  " +
-                           "\n  ".join(self.trace[-40:]))
+                           "\n  ".join(self.trace[-150:]))
 
     def expect(self, exception, what, call, *args, **kwargs):
         """Calls call(*args, **kwargs); it must raise `exception` (a class, a tuple, or None)."""
@@ -162,6 +164,17 @@ class Program:
             ctypes.memmove(pointers[k], out, len(out))
 
     def launch(self, record, stream, fails):
+        """The kernel: on the host now, or as a host function on the bind's stream. A kernel that
+        raises fails every run bound on that stream and not finished yet (the launch falls in
+        their bind-finish window), its own included."""
+        self.clock += 1
+        record["bound_t"] = self.clock
+        if fails:
+            failure = {"stream": stream, "reported": False, "t": self.clock}
+            self.failures.append(failure)
+            for other in self.runs + [record]:
+                if other["state"] == "live" and other["stream"] is stream:
+                    other["failures"].append(failure)
         pointers = list(record["run"].device_pointers)
         if stream is None:
             self.kernel(record, pointers, False)
@@ -178,7 +191,7 @@ class Program:
         buffers = [np.frombuffer(bytes(r.randrange(256) for _ in range(n)), np.uint8).copy() for n in sizes]
         stream = r.choice(self.streams + [None])
         record = {"id": self.next_id, "stager": s, "state": "live", "frame": None, "buffers": buffers,
-                  "before": [b.tobytes() for b in buffers], "stream": stream, "fails": False}
+                  "before": [b.tobytes() for b in buffers], "stream": stream, "fails": False, "failures": []}
         self.next_id += 1
         run = self.expect(self.slot_outcome(s), f"bind run {record['id']} ({count} args) on "
                           f"{'sync' if stream is None else 'a stream'}, {self.held(s)}/{s['slots']} held ({self.holders(s)})",
@@ -242,7 +255,7 @@ class Program:
             return
         self.frames.remove(record)
         run_record = {"id": self.next_id, "stager": s, "state": "live", "frame": record["frame"], "run": run,
-                      "inputs": record["inputs"], "stream": stream, "buffers": None, "fails": False,
+                      "inputs": record["inputs"], "stream": stream, "buffers": None, "fails": False, "failures": [],
                       "directions": record["directions"]}
         self.next_id += 1
         run_record["expected"] = outputs_of(run_record["id"], record["inputs"], record["directions"], record["sizes"])
@@ -274,17 +287,19 @@ class Program:
     def synchronize(self, stream):
         """stream.synchronize() reports the failures of kernels on the stream that no run's wait
         (nor an earlier synchronize) reported yet."""
-        unreported = [r for r in self.runs if r["fails"] and r["stream"] is stream and not r.get("reported")]
-        self.expect(devstage.HostFunctionError if unreported else None,
+        unreported = [f for f in self.failures if f["stream"] is stream and f["reported"] is False]
+        unknown = [f for f in self.failures if f["stream"] is stream and f["reported"] is None]
+        self.expect(devstage.HostFunctionError if unreported else
+                    (devstage.HostFunctionError, type(None)) if unknown else None,
                     f"stream.synchronize ({len(unreported)} kernel failure(s) unreported)", stream.synchronize)
-        for record in unreported:
-            record["reported"] = True
+        for failure in unreported + unknown:
+            failure["reported"] = True
 
     def live_runs(self):
         return [r for r in self.runs if r["state"] == "live" and not r["stager"]["closed"]]
 
     def finish_sync(self):
-        live = [r for r in self.live_runs() if not r["fails"]]
+        live = [r for r in self.live_runs() if not r["failures"]]
         if not live:
             return
         record = self.random.choice(live)
@@ -314,6 +329,11 @@ class Program:
         if done is None:
             return
         record["state"] = "ended"
+        # Kernels that raised on the finish's stream since the run's bind fail it too.
+        for failure in self.failures:
+            if failure["stream"] is stream and failure["t"] >= record["bound_t"] and \
+                    not any(failure is f for f in record["failures"]):
+                record["failures"].append(failure)
         self.completions.append({"done": done, "run": record, "stager": record["stager"], "holds": True,
                                  "frame": record["frame"], "ok": ok, "waits": 0})
 
@@ -328,11 +348,12 @@ class Program:
         record = c["run"]
         how = r.random()
         if how < 0.45:
-            fails = record["fails"]
+            fails = bool(record["failures"])
             self.expect(devstage.HostFunctionError if fails else None,
                         f"wait run {record['id']}{' again' if c['waits'] else ''}", c["done"].wait)
             c["waits"] += 1
-            record["reported"] = record.get("reported", False) or fails
+            for failure in record["failures"]:
+                failure["reported"] = True
             if c["frame"] is None:
                 # A run of args holds its slot until its wait ended: returned, or raised the run's
                 # own failure (the run is complete either way).
@@ -346,19 +367,24 @@ class Program:
                     self.check_unchanged(record)
         elif how < 0.6:
             ready = self.expect(None, f"ready run {record['id']}", c["done"].ready)
-            if ready and c["frame"] is None and not record["fails"]:
+            if ready and c["frame"] is None and not record["failures"]:
                 c["holds"] = False
         elif how < 0.85:
-            if record["fails"] and not c["waits"]:
-                self.expect(devstage.HostFunctionError, f"close run {record['id']} unwaited (its kernel raised)",
+            if record["failures"] and not c["waits"]:
+                self.expect(devstage.HostFunctionError, f"close run {record['id']} unwaited (a kernel raised)",
                             c["done"].close)
+                for failure in record["failures"]:
+                    failure["reported"] = True
             else:
                 self.expect(None, f"close run {record['id']}", c["done"].close)
-                if c["ok"] and not record["fails"] and c["frame"] is None:
+                if c["ok"] and not record["failures"] and c["frame"] is None:
                     self.check_outputs(record, "after its close")
             self.end_completion(c)
         else:
             self.trace.append(f"del the completion of run {record['id']}, unwaited={not c['waits']}")
+            for failure in record["failures"]:  # reported, or not, as it goes
+                if failure["reported"] is False:
+                    failure["reported"] = None
             self.end_completion(c)
             del c
             gc.collect()
@@ -514,9 +540,11 @@ class Program:
         # stager, stream and the backend closed.
         for c in list(self.completions):
             record = c["run"]
-            if record["fails"]:
+            if record["failures"]:
                 if not c["waits"]:
-                    self.expect(devstage.HostFunctionError, "final wait (its kernel raised)", c["done"].wait)
+                    self.expect(devstage.HostFunctionError, "final wait (a kernel raised)", c["done"].wait)
+                for failure in record["failures"]:
+                    failure["reported"] = True
             else:
                 self.expect(None, f"final wait run {record['id']}", c["done"].wait)
                 if c["ok"] and c["stager"]["closed"] is False:
@@ -532,6 +560,7 @@ class Program:
             if not s["closed"]:
                 self.expect(None, "final stager close", s["stager"].close)
         for stream in self.streams:
+            self.synchronize(stream)
             self.expect(None, "final stream close", stream.close)
         self.expect(None, "final backend close", self.backend.close)
         if self.kernel_errors:
