@@ -44,7 +44,8 @@ public:
         sockaddr_in address{};
         address.sin_family = AF_INET;
         address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (::bind(channel.fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return system_error("bind");
+        if (::bind(channel.fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
+            return system_error("bind");
         if (::listen(channel.fd_, 1) != 0) return system_error("listen");
         socklen_t size = sizeof address;
         if (::getsockname(channel.fd_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {

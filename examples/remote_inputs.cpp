@@ -4,15 +4,19 @@
 // simulator, runs the step and checks every output byte against the same step computed on the
 // host.
 //
-// The consumer registers its frames' memory once: the stager's region hooks map each pinned
-// region with ucp_mem_map when it is added and unmap it when it is removed (a mirror that grows
-// is removed and its successor added), and each region's packed remote key goes to the producer
-// over a loopback TCP socket. A frame's tensors are then named as (region, offset, bytes), which
-// the producer turns into a remote address. With two pipeline slots the writes for step k + 1
-// land while step k runs; a frame belongs to the engine from frame() until its Completion, so
-// sequential equivalence holds.
+// The consumer registers its frames' memory once: region hooks map each pinned region with
+// ucp_mem_map when it is added and unmap it when it is removed, and each region's packed remote
+// key goes to the producer over a loopback TCP socket. A frame's tensors are then named as
+// (region, offset, bytes), which the producer turns into a remote address. Where the frames lie:
+//   --memory region  a region of a pinned pool (create_region), the stager's mirrors carved out
+//                    of it (StagerOptions::mirror_source): one registration for every frame;
+//                    the pool's hooks and describe();
+//   --memory stager  the stager's own mirrors: its hooks map each one, and a mirror that grows is
+//                    removed and its successor added while the producer writes.
+// With two pipeline slots the writes for step k + 1 land while step k runs; a frame belongs to
+// the engine from frame() until its Completion, so sequential equivalence holds.
 //
-//   remote_inputs [--steps N] [--transport tcp|sm]
+//   remote_inputs [--steps N] [--transport tcp|sm] [--memory region|stager]
 //
 // --transport tcp sets UCX_TLS=tcp on the loopback interface; sm, UCX's shared-memory
 // transports. A machine where UCX cannot start prints why and exits with 77 (a skipped test).
@@ -28,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -37,6 +42,7 @@
 
 #include "devstage/backends/sim.hpp"
 #include "devstage/devstage.hpp"
+#include "devstage/pinned/mirror_source.hpp"
 #include "loopback_channel.hpp"
 #include "ucx_link.hpp"
 
@@ -223,8 +229,8 @@ Status produce(std::uint16_t port, std::size_t& puts) {
                         return Status(Errc::invalid_argument, "remote inputs: step " + std::to_string(step) +
                                                                   " names memory outside the regions it was sent");
                     }
-                    if (Status put = endpoint->put(data.data(), data.size(), found->second.base + offset,
-                                                   found->second.key);
+                    if (Status put =
+                            endpoint->put(data.data(), data.size(), found->second.base + offset, found->second.key);
                         !put) {
                         return put;
                     }
@@ -247,6 +253,10 @@ Status produce(std::uint16_t port, std::size_t& puts) {
 
 using Packed = devstage::RetainedBump<devstage::ExactGrowth, 1024, devstage::PackSmall<>>;
 using Stager = devstage::Stager<devstage::SimBackend, Packed>;
+using Pool = devstage::PinnedHostPool<devstage::SimBackend>;
+
+// Where a frame tensor lies, as (region, offset, bytes): the pool's describe() or the stager's.
+using Describe = std::function<std::optional<devstage::RegionSlice>(const void*)>;
 
 // Its pinned regions mapped for the producer: mapped when the stager adds one, unmapped when it
 // removes one. The messages for the producer wait in an outbox until the stager call returns.
@@ -322,11 +332,10 @@ private:
     static void on_stream(void* self) noexcept {
         auto* kernel = static_cast<Kernel*>(self);
         kernel->open_.wait(false);
-        const std::array<const std::byte*, 4> in{
-            static_cast<const std::byte*>(kernel->args_[tokens].data),
-            static_cast<const std::byte*>(kernel->args_[positions].data),
-            static_cast<const std::byte*>(kernel->args_[block_table].data),
-            static_cast<const std::byte*>(kernel->args_[temperatures].data)};
+        const std::array<const std::byte*, 4> in{static_cast<const std::byte*>(kernel->args_[tokens].data),
+                                                 static_cast<const std::byte*>(kernel->args_[positions].data),
+                                                 static_cast<const std::byte*>(kernel->args_[block_table].data),
+                                                 static_cast<const std::byte*>(kernel->args_[temperatures].data)};
         compute(in, static_cast<std::byte*>(kernel->args_[logits].data), kernel->batch_);
     }
 
@@ -356,8 +365,8 @@ std::vector<std::byte> reference(std::size_t step, std::size_t batch) {
 }
 
 // A frame for step `step`, its tensors named to the producer as (region, offset, bytes).
-Result<devstage::HostFrame> request(Stager& stager, Registrations& registrations, loopback::Channel& channel,
-                                    std::size_t step) {
+Result<devstage::HostFrame> request(Stager& stager, const Describe& describe, Registrations& registrations,
+                                    loopback::Channel& channel, std::size_t step) {
     const std::size_t batch = batch_of(step);
     const auto shapes = shapes_of(batch);
     Result<devstage::HostFrame> frame = stager.frame(shapes);  // a mirror that grows: its regions change
@@ -366,11 +375,12 @@ Result<devstage::HostFrame> request(Stager& stager, Registrations& registrations
     Writer message(Kind::step);
     message.put(static_cast<std::uint64_t>(step)).put(static_cast<std::uint64_t>(batch));
     for (std::size_t tensor = 0; tensor < logits; ++tensor) {
-        const std::optional<devstage::RegionSlice> slice = stager.describe(frame->host(tensor).data());
+        const std::optional<devstage::RegionSlice> slice = describe(frame->host(tensor).data());
         if (!slice || slice->bytes < frame->host(tensor).size()) {
-            return Status(Errc::invalid_argument, "remote inputs: a frame tensor lies in no region of the stager");
+            return Status(Errc::invalid_argument, "remote inputs: a frame tensor lies in no region");
         }
-        message.put(slice->region).put(static_cast<std::uint64_t>(slice->offset))
+        message.put(slice->region)
+            .put(static_cast<std::uint64_t>(slice->offset))
             .put(static_cast<std::uint64_t>(frame->host(tensor).size()));
     }
     if (Status sent = channel.send(message.bytes()); !sent) return sent;
@@ -391,17 +401,14 @@ Status written(loopback::Channel& channel, const ucx::Peer& peer, std::size_t st
 // checked. Once the other slot has held a batch as big as step k + 1's, its frame needs no grow
 // (a grow frees device memory, which waits for the device, as cudaFree does): step k's kernel
 // is then launched gated, and the inputs of step k + 1 are written while step k is in flight.
-Status consume(loopback::Channel& channel, const ucx::Peer& peer, std::size_t steps, Counts& counts,
-               Registrations& registrations) {
-    devstage::SimBackend backend;
-    Stager stager(backend, Packed{}, devstage::StagerOptions{.pipeline_slots = 2});
-    if (Status hooked = stager.set_region_hooks(registrations.hooks()); !hooked) return hooked;
+Status run_steps(Stager& stager, const Describe& describe, devstage::SimBackend& backend, loopback::Channel& channel,
+                 const ucx::Peer& peer, std::size_t steps, Counts& counts, Registrations& registrations) {
     Result<devstage::SimBackend::Stream> stream = backend.create_stream();
     if (!stream) return stream.status();
     std::array<Kernel, 2> kernels{Kernel(backend), Kernel(backend)};
     std::array<std::size_t, 2> largest{0, 0};  // the largest batch each slot held
     Status failure;
-    Result<devstage::HostFrame> next = request(stager, registrations, channel, 0);
+    Result<devstage::HostFrame> next = request(stager, describe, registrations, channel, 0);
     if (next) failure = written(channel, peer, 0);
     for (std::size_t step = 0; step < steps && failure.ok(); ++step) {
         if (!next) {
@@ -428,7 +435,7 @@ Status consume(loopback::Channel& channel, const ucx::Peer& peer, std::size_t st
             break;
         }
         if (step + 1 < steps) {
-            next = request(stager, registrations, channel, step + 1);
+            next = request(stager, describe, registrations, channel, step + 1);
             if (next) failure = written(channel, peer, step + 1);
             const Result<bool> ran = done->ready();
             if (ran && !*ran) ++counts.overlapped;  // step k + 1 was written while step k was in flight
@@ -451,9 +458,33 @@ Status consume(loopback::Channel& channel, const ucx::Peer& peer, std::size_t st
     return failure;
 }
 
+// The consumer: its frames in a pool's region registered once, or in the stager's own mirrors
+// registered as each is made.
+Status consume(loopback::Channel& channel, const ucx::Peer& peer, std::size_t steps, bool region_memory, Counts& counts,
+               Registrations& registrations) {
+    devstage::SimBackend backend;
+    if (!region_memory) {
+        Stager stager(backend, Packed{}, devstage::StagerOptions{.pipeline_slots = 2});
+        if (Status hooked = stager.set_region_hooks(registrations.hooks()); !hooked) return hooked;
+        const Describe describe = [&stager](const void* p) { return stager.describe(p); };
+        return run_steps(stager, describe, backend, channel, peer, steps, counts, registrations);
+    }
+    Pool pool(backend);
+    if (Status hooked = pool.set_region_hooks(registrations.hooks()); !hooked) return hooked;
+    Result<devstage::PinnedRegionHandle> region = pool.create_region(std::size_t{16} << 20);
+    if (!region) return region.status();
+    if (Status ready = region->wait(); !ready) return ready;
+    Stager stager(
+        backend, Packed{},
+        devstage::StagerOptions{.pipeline_slots = 2, .mirror_source = devstage::mirror_source(region->allocator())});
+    const Describe describe = [&pool](const void* p) { return pool.describe(p); };
+    return run_steps(stager, describe, backend, channel, peer, steps, counts, registrations);
+}
+
 struct Options {
     std::size_t steps = 48;
     std::string transport = "tcp";
+    bool region_memory = true;
 };
 
 std::optional<Options> parse(int argc, char** argv) {
@@ -469,6 +500,8 @@ std::optional<Options> parse(int argc, char** argv) {
             options.steps = steps;
         } else if (flag == "--transport" && (value == "tcp" || value == "sm")) {
             options.transport = value;
+        } else if (flag == "--memory" && (value == "region" || value == "stager")) {
+            options.region_memory = value == "region";
         } else {
             return std::nullopt;
         }
@@ -481,7 +514,7 @@ std::optional<Options> parse(int argc, char** argv) {
 int main(int argc, char** argv) {
     const std::optional<Options> options = parse(argc, argv);
     if (!options) {
-        std::fprintf(stderr, "usage: remote_inputs [--steps N] [--transport tcp|sm]\n");
+        std::fprintf(stderr, "usage: remote_inputs [--steps N] [--transport tcp|sm] [--memory region|stager]\n");
         return 2;
     }
     if (options->transport == "tcp") {
@@ -522,7 +555,8 @@ int main(int argc, char** argv) {
     Status sent = channel->send(Writer(Kind::address).put_bytes(*address).bytes());
     Counts counts;
     Registrations registrations(*peer);
-    Status consumed = sent.ok() ? consume(*channel, *peer, options->steps, counts, registrations) : sent;
+    Status consumed =
+        sent.ok() ? consume(*channel, *peer, options->steps, options->region_memory, counts, registrations) : sent;
     int status = 0;
     if (waitpid(producer, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         if (consumed.ok()) consumed = Status(Errc::backend_failure, "remote_inputs: the producer failed");
@@ -532,14 +566,16 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::printf(
-        "remote_inputs over UCX %s: %zu steps written by the producer straight into the consumer's frames and "
-        "checked bitwise; %zu written while the step before was in flight (of %zu gated); regions mapped %zu "
-        "times, unmapped %zu times\n",
-        options->transport.c_str(), counts.steps, counts.overlapped, counts.gated, registrations.added(),
-        registrations.removed());
-    // Every gated step was still in flight when the next one was written; the mirrors grew, so
-    // regions came and went.
+        "remote_inputs over UCX %s, frames in %s: %zu steps written by the producer straight into the consumer's "
+        "frames and checked bitwise; %zu written while the step before was in flight (of %zu gated); region "
+        "maps %zu, unmaps %zu\n",
+        options->transport.c_str(), options->region_memory ? "a pool's region" : "the stager's mirrors", counts.steps,
+        counts.overlapped, counts.gated, registrations.added(), registrations.removed());
+    // Every gated step was still in flight when the next one was written. A pool's region is
+    // mapped once; the stager's mirrors grew, so their regions came and went.
+    const bool registered = options->region_memory ? registrations.added() == 1 && registrations.removed() == 1
+                                                   : registrations.removed() > 0;
     const bool whole = counts.steps == options->steps && counts.overlapped == counts.gated &&
-                       (options->steps < 16 || (counts.gated > 0 && registrations.removed() > 0));
+                       (options->steps < 16 || (counts.gated > 0 && registered));
     return whole ? 0 : 1;
 }
