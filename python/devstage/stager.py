@@ -150,6 +150,9 @@ class Stager:
         # an id is not reused while the entry is kept.
         self._layouts_by_id: Dict[Tuple[int, ...], Tuple[Layout, Tuple[TensorShape, ...]]] = {}
         self._all_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
+        # Views the engine held when a call that would give memory back was refused (Busy): later
+        # such calls are refused too while any lives.
+        self._still_viewed: List[Tuple[str, int, Any]] = []
         self._exports = DeviceExports(self._core)
         lifecycle.stager_made(self)
 
@@ -419,6 +422,7 @@ class Stager:
         self._enter("Stager.reserve")
         try:
             self._flush()
+            self._refuse_while_held("Stager.reserve", runs=True)
             self._retire_views("Stager.reserve")
             _lib.check(lib.devstage_stager_reserve(self._h, nbytes), "Stager.reserve")
         finally:
@@ -434,10 +438,7 @@ class Stager:
         self._enter("Stager.release")
         try:
             self._check_no_exports("Stager.release")
-            frames = [f"slot {slot}: {holder._slot_note()}" for slot, holder in self._holders()  # pylint: disable=protected-access
-                      if isinstance(holder, Frame) or isinstance(holder, Completion) and holder.frame is not None]
-            if frames:
-                raise Busy("busy", "devstage Stager.release: frame memory is in use — " + "; ".join(frames))
+            self._refuse_while_held("Stager.release", runs=False)
             self._retire_views("Stager.release")
             _lib.check(lib.devstage_stager_release(self._h), "Stager.release")
             self._end_live_runs()
@@ -503,13 +504,25 @@ class Stager:
             if isinstance(holder, Run):
                 holder._check_exports(call)  # pylint: disable=protected-access
 
+    def _refuse_while_held(self, call: str, runs: bool) -> None:
+        """Busy, before any view is dropped, while a frame is unbound or a frame's Completion is
+        open (and, with `runs`, while a run is live): the library refuses then, and the frames
+        stay usable."""
+        held = [f"slot {slot}: {holder._slot_note()}" for slot, holder in self._holders()  # pylint: disable=protected-access
+                if isinstance(holder, Frame) or isinstance(holder, Completion) and holder.frame is not None
+                or runs and isinstance(holder, Run)]
+        if held:
+            raise Busy("busy", f"devstage {call}: the slots' memory is in use — " + "; ".join(held))
+
     def _retire_views(self, call: Optional[str]) -> None:
         """Drops the package's views of the stager's memory (frames' and Run.tensors()'). With
-        `call`: raises Busy when the engine still holds any (their memory is about to go)."""
-        kept = []
+        `call`: raises Busy when the engine still holds any (their memory is about to go), and
+        keeps them known, so that every later call is refused too until they are gone."""
+        kept = self._still_viewed
         for layout in list(self._all_layouts):
             kept += [("frame memory", slot, ref) for slot, ref in layout.retire()]
         kept += [("device memory", slot, ref) for slot, ref in self._exports.retire()]
+        self._still_viewed = []
         if call is None or not kept:
             return
         _dlpack.collect()
@@ -518,6 +531,7 @@ class Stager:
             gc.collect()  # a view in a reference cycle nobody holds
             held = [(what, slot) for what, slot, ref in kept if ref() is not None]
         if held:
+            self._still_viewed = [(what, slot, ref) for what, slot, ref in kept if ref() is not None]
             where = ", ".join(f"slot {slot}'s {what}" for what, slot in held)
             raise Busy("busy", f"devstage {call}: NumPy arrays or torch tensors of the stager's memory are still held "
                                f"({where}: a frame's views, Run.tensors() or Run.arrays(), or views made of them); "

@@ -151,23 +151,28 @@ public:
 
 private:
     // Makes `stream` wait for what is enqueued so far on the streams order_after_uploads ordered
-    // after the live run of slot `index` (its kernels may run there), and forgets them. When such
-    // a wait cannot be enqueued, the host waits for the whole device where the backend can, so
-    // nothing is freed or reused under a kernel; the failure is returned either way.
+    // after the live run of slot `index` (its kernels may run there), and forgets them. A stream
+    // whose wait cannot be enqueued stays known (a later call orders after it again), unless the
+    // host then waits for the whole device where the backend can: nothing is freed or reused
+    // under a kernel. The failure is returned either way.
     Status join_kernel_streams(std::size_t index, Stream stream) noexcept {
         Slot& slot = core_.slots[index];
         Status first;
+        std::size_t kept = 0;
         for (std::size_t i = 0; i < slot.kernel_stream_count; ++i) {
             if (slot.kernel_streams[i] == stream) continue;
-            if (Status joined = slot.fence.join(core_.async(), slot.kernel_streams[i], stream); !joined && first.ok()) {
-                first = Status(joined.code(),
-                               core_.with_backend(message("stager: ordering after the kernel streams of slot ", index,
-                                                          " failed: ", joined.message())));
+            if (Status joined = slot.fence.join(core_.async(), slot.kernel_streams[i], stream); !joined) {
+                slot.kernel_streams[kept++] = slot.kernel_streams[i];
+                if (first.ok()) {
+                    first = Status(joined.code(),
+                                   core_.with_backend(message("stager: ordering after the kernel streams of slot ",
+                                                              index, " failed: ", joined.message())));
+                }
             }
         }
-        slot.kernel_stream_count = 0;
+        slot.kernel_stream_count = kept;
         if constexpr (SynchronizingBackend<B>) {
-            if (!first.ok()) (void)core_.backend->synchronize();
+            if (!first.ok() && core_.backend->synchronize().ok()) slot.kernel_stream_count = 0;
         }
         return first;
     }

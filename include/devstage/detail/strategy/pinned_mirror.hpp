@@ -178,7 +178,13 @@ private:
         std::size_t allocated = slack_first ? with_slack : bytes;
         Result<void*> got = backend.pinned_malloc(allocated);
         if (got && !slack_first && reinterpret_cast<std::uintptr_t>(*got) % alignment != 0) {
-            (void)backend.pinned_free(*got);
+            // Given back before asking again with the slack; a free that fails is returned, as
+            // the retained buffer's is (the allocation is lost to the caller either way).
+            if (Status freed = backend.pinned_free(*got); !freed) {
+                return Status(freed.code(),
+                              message("packed mirror: freeing a misaligned allocation of ", allocated,
+                                      " bytes failed on backend '", backend.name(), "': ", freed.message()));
+            }
             ++stats.mirror_alignment_retries;
             allocated = with_slack;
             got = backend.pinned_malloc(allocated);
