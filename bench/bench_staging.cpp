@@ -382,7 +382,7 @@ void BM_copies(benchmark::State& state, CopySet set) {
                 // for that (the other variants reuse inputs written once).
                 Result<HostFrame> made = stager.frame(f.shapes);
                 if (!made) return made.status();
-                frame = *made;
+                frame.emplace(std::move(*made));
                 ++token;
                 for (std::size_t i = 0; i < frame->size(); ++i) {
                     if (uploads(f.shapes[i].direction)) std::memcpy(frame->host(i).data(), &token, sizeof token);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks from BUILD_DIR (default build-bench) and the instruction counts
 # (bench/instructions.sh, where valgrind is installed), then renders docs/performance.md
-# (tables) and docs/bind_overhead.svg, docs/step_time.svg (plots) from this run.
+# (tables) and docs/bind_overhead.svg, docs/step_time.svg (plots) from this run, and the Python
+# step's section of it (bench/python_step.py).
 # Arguments after BUILD_DIR go to Google Benchmark.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,6 +28,9 @@ else
 fi
 
 python3 bench/render.py "$out" docs/performance.md docs/bind_overhead --instructions "$counts" --build "$build"
+# The Python step against the same step in C, NumPy and torch (its own section of the page).
+echo "==> the Python step (bench/python_step.py)"
+"${PYTHON:-/usr/bin/python3}" bench/python_step.py --build "$build" --markdown docs/performance.md
 if command -v gnuplot >/dev/null; then
     for plot in bind_overhead step_time; do
         gnuplot "docs/$plot.gp" && rm -f "docs/$plot.gp" "docs/$plot.dat"

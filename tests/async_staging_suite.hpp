@@ -15,6 +15,7 @@
 #include "devstage/strategy/packing.hpp"
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
+#include "suite_strategies.hpp"
 #include "support.hpp"
 
 namespace async_staging {
@@ -135,11 +136,11 @@ TEMPLATE_LIST_TEST_CASE("async staging: stream-ordered runs equal synchronous on
         CHECK(devstage::test::same_bytes(host.buffers, expected));
         CHECK(stager.stats().async_uploads > 0);
     };
-    check(RetainedBump<>{}, streams.one);
+    check(devstage::test::RetainedOf<TestType>{}, streams.one);
     check(PerTensorMalloc<>{}, streams.one);
-    check(Packed{}, streams.one);
-    check(RetainedBump<>{}, streams.two);  // finished on another stream than the bind's
-    check(Packed{}, streams.two);
+    check(devstage::test::PackedOf<TestType>{}, streams.one);
+    check(devstage::test::RetainedOf<TestType>{}, streams.two);  // finished on another stream than the bind's
+    check(devstage::test::PackedOf<TestType>{}, streams.two);
 }
 
 TEMPLATE_LIST_TEST_CASE("async staging: a slot reused on its stream needs no host wait", "[async][staging][slots]",
@@ -147,7 +148,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: a slot reused on its stream needs no hos
     using namespace async_staging;
     auto backend = test::make_backend<TestType>();
     Streams<TestType> streams(*backend);
-    Stager<TestType> stager(*backend);  // one slot
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);  // one slot
     constexpr int steps = 4;
     std::vector<test::HostRun> hosts;
     for (int i = 0; i < steps; ++i) hosts.push_back(random_run(100 + static_cast<std::uint32_t>(i)));
@@ -203,7 +204,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: a packed slot is waited for before its m
     a.relink();
     b.relink();
     const auto expected_a = reference(*backend, a), expected_b = reference(*backend, b);
-    Stager<TestType, Packed> one_slot(*backend);
+    Stager<TestType, devstage::test::PackedOf<TestType>> one_slot(*backend);
     Kernel<TestType> ka, kb;
     Result<Completion> first = stream_run(one_slot, *backend, a, ka, streams.one, streams.one);
     REQUIRE(first.ok());
@@ -224,7 +225,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: frames bind on a stream with one upload"
     using namespace async_staging;
     auto backend = test::make_backend<TestType>();
     Streams<TestType> streams(*backend);
-    Stager<TestType, Packed> stager(*backend, Packed{}, 2);
+    Stager<TestType, devstage::test::PackedOf<TestType>> stager(*backend, devstage::test::PackedOf<TestType>{}, 2);
     const TensorShape shapes[] = {
         {20000, Direction::In}, {100, Direction::In}, {3000, Direction::InOut}, {9000, Direction::Out}};
     for (int step = 0; step < 3; ++step) {
@@ -264,7 +265,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: release, the destructor and a Completion
     host.relink();
     const auto expected = reference(*backend, host);
     SECTION("the Completion's destructor") {
-        Stager<TestType> stager(*backend);
+        Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
         Kernel<TestType> kernel;
         {
             Result<Completion> done = stream_run(stager, *backend, host, kernel, streams.one, streams.one);
@@ -287,7 +288,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: release, the destructor and a Completion
         Kernel<TestType> kernel;
         Result<Completion> done = Status(Errc::busy, "unset");
         {
-            Stager<TestType, Packed> stager(*backend);
+            Stager<TestType, devstage::test::PackedOf<TestType>> stager(*backend);
             done = stream_run(stager, *backend, host, kernel, streams.one, streams.one);
             REQUIRE(done.ok());
         }
@@ -307,7 +308,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: abandon forgets pending work; watched Co
     Streams<TestType> streams(*backend);
     test::HostRun host = random_run(31);
     Kernel<TestType> kernel;
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     Result<Completion> done = stream_run(stager, *backend, host, kernel, streams.one, streams.one);
     REQUIRE(done.ok());
     REQUIRE(wait_stream(*backend, streams.one).ok());  // the work itself completes; only the stager forgets
@@ -362,9 +363,9 @@ TEMPLATE_LIST_TEST_CASE("async staging: a kernel on a compute stream runs after 
         REQUIRE(done.ok());
         REQUIRE(done->wait().ok());
     };
-    check(RetainedBump<>{});
+    check(devstage::test::RetainedOf<TestType>{});
     check(PerTensorMalloc<>{});
-    check(Packed{});
+    check(devstage::test::PackedOf<TestType>{});
 }
 
 TEMPLATE_LIST_TEST_CASE("async staging: device-resident tensors of a frame pass through; the kernel reads them",
@@ -378,7 +379,7 @@ TEMPLATE_LIST_TEST_CASE("async staging: device-resident tensors of a frame pass 
     test::DeviceBytes<TestType> weights(*backend, weight_bytes), cache(*backend, cache_bytes),
         reference_cache(*backend, cache_bytes);
     REQUIRE(backend->copy_to_device(weights.get(), test::pattern(weight_bytes, 7).data(), weight_bytes).ok());
-    Stager<TestType, Packed> stager(*backend, Packed{}, 2);
+    Stager<TestType, devstage::test::PackedOf<TestType>> stager(*backend, devstage::test::PackedOf<TestType>{}, 2);
     for (std::uint32_t step = 0; step < 3; ++step) {
         CAPTURE(step);
         const std::vector<std::byte> start = test::pattern(cache_bytes, 20 + step);
@@ -465,14 +466,14 @@ TEMPLATE_LIST_TEST_CASE("async staging: an Out the kernel leaves unwritten reads
         }
     };
     for (const bool streamed : {false, true}) {
-        check(RetainedBump<>{}, streamed, OutputPolicy::zero);
+        check(devstage::test::RetainedOf<TestType>{}, streamed, OutputPolicy::zero);
         check(PerTensorMalloc<>{}, streamed, OutputPolicy::zero);
-        check(Packed{}, streamed, OutputPolicy::zero);
-        check(RetainedBump<>{}, streamed, OutputPolicy::kernel_writes_all);
-        check(Packed{}, streamed, OutputPolicy::kernel_writes_all);
+        check(devstage::test::PackedOf<TestType>{}, streamed, OutputPolicy::zero);
+        check(devstage::test::RetainedOf<TestType>{}, streamed, OutputPolicy::kernel_writes_all);
+        check(devstage::test::PackedOf<TestType>{}, streamed, OutputPolicy::kernel_writes_all);
     }
     // A frame: its Out tensors come back into the frame as zeros.
-    Stager<TestType, Packed> stager(*backend);
+    Stager<TestType, devstage::test::PackedOf<TestType>> stager(*backend);
     const auto frame_run = [&](std::span<const TensorShape> shapes, std::byte fill, bool zeros) {
         auto frame = stager.frame(shapes);
         REQUIRE(frame.ok());

@@ -30,6 +30,26 @@ int main() {
         near->reset();
         if (!shared.forget(other) || !other.destroy_stream(*stream)) return 7;
     }
+    {
+        // Big requests, regions in background threads and their hooks, describe, the limits.
+        devstage::MockBackend mock;
+        devstage::PinnedHostPool<devstage::MockBackend> big(
+            mock, {}, devstage::PinnedPoolOptions{.exact = {.threshold = 1 << 16, .chunk_bytes = 1 << 14}});
+        int added = 0;
+        devstage::RegionHooks hooks;
+        hooks.added = [&added](const devstage::PinnedRegion&) {
+            ++added;
+            return devstage::Status();
+        };
+        if (!big.set_region_hooks(std::move(hooks))) return 8;
+        devstage::Result<devstage::PinnedBuffer> exact = big.allocate((1 << 16) + 1);
+        devstage::Result<devstage::PinnedRegionHandle> region =
+            big.create_region(1 << 20, devstage::RegionOptions{.threads = 2});
+        if (!exact || !region || !region->wait()) return 9;
+        devstage::Result<devstage::PinnedBuffer> slice = region->allocate(4096, 4096);
+        if (!slice || !big.describe(slice->data()) || big.regions().size() != 2 || added != 2) return 10;
+        if (!devstage::check_pin_request(4096, 0, devstage::PinLimits{}, false)) return 11;
+    }
     std::printf("staged %llu bytes without exceptions\n",
                 static_cast<unsigned long long>(stager.stats().bytes_to_device));
     return stager.stats().runs == 1 ? 0 : 4;

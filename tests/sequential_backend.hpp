@@ -33,6 +33,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/backends/mock.hpp"
+#include "devstage/instrumentation.hpp"
 #include "devstage/status.hpp"
 
 namespace sequential {

@@ -12,6 +12,7 @@
 #include "devstage/stager.hpp"
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
+#include "suite_strategies.hpp"
 #include "support.hpp"
 
 namespace staging_suite {
@@ -44,7 +45,7 @@ TEMPLATE_LIST_TEST_CASE("staging: device args keep input order; slices are align
     int external = 0;
     HostRun host = decode_like(1);
     host.add_device(&external, sizeof external);
-    Stager<TestType> retained(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> retained(*backend);
     Stager<TestType, PerTensorMalloc<>> per_tensor(*backend);
     auto check = [&](auto& stager, ReleaseKind staged_kind) {
         Result<StagedRun> run = stager.bind(host.args);
@@ -77,7 +78,7 @@ TEMPLATE_LIST_TEST_CASE("staging: device args keep input order; slices are align
 TEMPLATE_LIST_TEST_CASE("staging: copy-back follows the direction", "[staging]", StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     HostRun host = decode_like(2);
     const auto before = host.buffers;
     Result<StagedRun> run = stager.bind(host.args);
@@ -122,7 +123,7 @@ TEMPLATE_LIST_TEST_CASE("staging: a failed execution copies nothing back", "[sta
 TEMPLATE_LIST_TEST_CASE("staging: a second bind on a busy stager fails with busy", "[staging]", StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     HostRun host = decode_like(4);
     Result<StagedRun> first = stager.bind(host.args);
     REQUIRE(first.ok());
@@ -159,8 +160,8 @@ TEMPLATE_LIST_TEST_CASE("staging: a run dropped without finish releases without 
 TEMPLATE_LIST_TEST_CASE("staging: finish of a dead or foreign run is refused", "[staging]", StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> stager(*backend);
-    Stager<TestType> other(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> other(*backend);
     HostRun host = decode_like(6);
     Result<StagedRun> run = stager.bind(host.args);
     REQUIRE(run.ok());
@@ -181,7 +182,7 @@ TEMPLATE_LIST_TEST_CASE("staging: release and destruction with a live run free e
     HostRun host = decode_like(7);
     Result<StagedRun> orphan = Status(Errc::busy, "unset");
     {
-        Stager<TestType> stager(*backend);
+        Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
         Result<StagedRun> run = stager.bind(host.args);
         REQUIRE(run.ok());
         CHECK(stager.stats().retained_bytes > 0);
@@ -206,7 +207,7 @@ TEMPLATE_LIST_TEST_CASE("staging: abandon forgets device memory without backend 
     if constexpr (requires { backend->set_error_sink(&devstage::test::quiet_sink); }) {
         backend->set_error_sink(&devstage::test::quiet_sink);  // the abandoned buffer is a leak to the mock
     }
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     HostRun host = decode_like(8);
     Result<StagedRun> run = stager.bind(host.args);
     REQUIRE(run.ok());
@@ -220,11 +221,11 @@ TEMPLATE_LIST_TEST_CASE("staging: abandon forgets device memory without backend 
     CHECK(stager.stats().regrows == 2);
 }
 
-TEMPLATE_LIST_TEST_CASE("staging: RetainedBump grows, reuses and never shrinks", "[staging][retained]",
+TEMPLATE_LIST_TEST_CASE("staging: the retained buffer grows, reuses and never shrinks", "[staging][retained]",
                         StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     HostRun small = decode_like(9, 1), large = decode_like(10, 4);
     // A backend that returns misaligned memory costs a retry per grow (freed, asked again larger).
     const auto mallocs = [&] { return stager.stats().device_mallocs - stager.stats().alignment_retries; };
@@ -255,7 +256,7 @@ TEMPLATE_LIST_TEST_CASE("staging: a failed grow leaves an empty slot; the next r
         SUCCEED("this backend's factory cannot limit device capacity");
     } else {
         auto backend = devstage::test::make_backend<TestType>(64 << 10);
-        Stager<TestType> stager(*backend);
+        Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
         HostRun fits = decode_like(11, 2), too_big = decode_like(12, 16);
         REQUIRE(run_once(stager, *backend, fits).ok());
         Result<StagedRun> failed = stager.bind(too_big.args);
@@ -290,7 +291,7 @@ TEMPLATE_LIST_TEST_CASE("staging: retained and per-tensor results are byte-ident
                         StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> retained(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> retained(*backend);
     Stager<TestType, PerTensorMalloc<>> reference(*backend);
     const std::uint32_t seed = GENERATE(range(1u, 17u));
     CAPTURE(seed);
@@ -317,7 +318,7 @@ TEMPLATE_LIST_TEST_CASE("staging: bad args are refused naming arg, bytes and bac
                         StagingBackends) {
     using namespace staging_suite;
     auto backend = devstage::test::make_backend<TestType>();
-    Stager<TestType> stager(*backend);
+    Stager<TestType, devstage::test::RetainedOf<TestType>> stager(*backend);
     HostRun host = decode_like(14);
     host.args[3].data = nullptr;  // InOut, 2048 bytes, no host memory
     Result<StagedRun> refused = stager.bind(host.args);

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "async_support.hpp"
 #include "devstage/frame.hpp"
 #include "devstage/stager.hpp"
 #include "devstage/strategy/packing.hpp"
+#include "devstage/strategy/per_tensor.hpp"
 #include "support.hpp"
 
 using namespace devstage;
@@ -175,14 +178,154 @@ TEST_CASE("frame: frames belong to pipeline slots", "[frame][slots]") {
     REQUIRE(stager.finish(std::move(*run_b)).ok());
 }
 
-TEST_CASE("frame: release drops an unbound frame", "[frame]") {
+TEST_CASE("frame: release is busy while a frame is unbound, and changes nothing", "[frame][ownership]") {
     MockBackend mock;
     Stager<MockBackend, Packed> stager(mock);
-    auto frame = stager.frame(decode_shapes);
+    Result<HostFrame> frame = stager.frame(decode_shapes);
     REQUIRE(frame.ok());
+    fill(*frame, 4);
+    const std::span<const TensorArg> args = frame->args();
+    std::byte* const mirror = stager.strategy().mirror();
+    const Status refused = stager.release();
+    CHECK(refused.code() == Errc::busy);
+    CHECK_THAT(refused.message(), Catch::Contains("release") && Catch::Contains("slot 0 holds an unbound frame") &&
+                                      Catch::Contains("nothing was released") && Catch::Contains("mock"));
+    CHECK(mock.live_pinned_allocations() == 1);  // the frame's memory is where it was
+    CHECK(stager.strategy().mirror() == mirror);
+    CHECK(frame->live());
+    CHECK(frame->host(1).data() != nullptr);
+    frame = Status(Errc::invalid_argument, "the engine drops the frame");  // unbound: its slot comes back
     REQUIRE(stager.release().ok());
     CHECK(mock.live_pinned_allocations() == 0);
-    CHECK(stager.bind(frame->args()).status().code() == Errc::invalid_argument);
+    CHECK(stager.bind(args).status().code() == Errc::invalid_argument);  // a copy of its args is a stale frame
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: a frame destroyed or moved over unbound gives its slot back", "[frame][ownership]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> one(mock);
+    for (int i = 0; i < 3; ++i) {  // with one slot, each frame after the first would be busy for good
+        Result<HostFrame> frame = one.frame(decode_shapes);
+        REQUIRE(frame.ok());
+        CHECK(frame->slot() == 0);
+    }
+    test::HostRun plain;
+    plain.add(100, Direction::InOut, 1);
+    auto run = one.bind(plain.args);
+    REQUIRE(run.ok());
+    REQUIRE(one.finish(std::move(*run)).ok());
+
+    Stager<MockBackend, Packed> two(mock, Packed{}, 2);
+    Result<HostFrame> a = two.frame(decode_shapes);
+    Result<HostFrame> b = two.frame(decode_shapes);
+    REQUIRE((a.ok() && b.ok()));
+    const std::size_t a_slot = a->slot();
+    CHECK(two.frame(decode_shapes).status().code() == Errc::busy);
+    *a = std::move(*b);  // a's frame, unbound, gives its slot back; b is moved from
+    CHECK(a->slot() != a_slot);
+    CHECK_FALSE(b->live());
+    CHECK(b->args().empty());
+    Result<HostFrame> again = two.frame(decode_shapes);
+    REQUIRE(again.ok());
+    CHECK(again->slot() == a_slot);
+    auto bound = two.bind(*a);  // the moved frame still binds, on its own slot
+    REQUIRE(bound.ok());
+    REQUIRE(two.finish(std::move(*bound)).ok());
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: a frame held by its run's Completion makes release busy; once it goes, frames are inert",
+          "[frame][ownership]") {
+    MockBackend mock(MockConfig{.deferred_async = true});
+    Stager<MockBackend, Packed> stager(mock);
+    const auto stream = test::make_stream(mock);
+    Result<HostFrame> frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    fill(*frame, 6);
+    auto run = stager.bind(*frame, stream);
+    REQUIRE(run.ok());
+    Result<Completion> done = stager.finish(std::move(*run), stream);
+    REQUIRE(done.ok());
+    REQUIRE(done->wait().ok());
+    const Status refused = stager.release();
+    CHECK(refused.code() == Errc::busy);
+    CHECK_THAT(refused.message(), Catch::Contains("slot 0 holds a frame whose run's Completion is still held"));
+    CHECK(mock.live_pinned_allocations() == 1);
+    CHECK(frame->host(0).size() == 163840);  // the outputs are still the engine's to read
+    done = Status(Errc::invalid_argument, "the engine lets go of the run");
+    REQUIRE(stager.release().ok());
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK_FALSE(frame->live());  // its memory went back: the views are gone, not dangling
+    CHECK(frame->host(0).empty());
+    CHECK(frame->args().empty());
+    CHECK(stager.bind(*frame).status().code() == Errc::invalid_argument);
+    REQUIRE(mock.destroy_stream(stream).ok());
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: a frame whose slot is taken again, or whose stager is gone, is inert", "[frame][ownership]") {
+    MockBackend mock;
+    std::optional<HostFrame> outlives;
+    {
+        Stager<MockBackend, Packed> stager(mock);
+        Result<HostFrame> first = stager.frame(decode_shapes);
+        REQUIRE(first.ok());
+        auto run = stager.bind(*first);
+        REQUIRE(run.ok());
+        REQUIRE(stager.finish(std::move(*run)).ok());
+        CHECK(first->live());  // finished, its outputs are read from it until its slot is taken again
+        Result<HostFrame> second = stager.frame(decode_shapes);
+        REQUIRE(second.ok());
+        CHECK_FALSE(first->live());
+        CHECK(first->host(0).empty());
+        CHECK(second->live());
+        outlives.emplace(std::move(*second));  // unbound when the stager goes
+        Result<HostFrame> unbound = stager.frame(decode_shapes);
+        CHECK(unbound.status().code() == Errc::busy);  // still held by `outlives`
+    }
+    CHECK_FALSE(outlives->live());
+    CHECK(outlives->host(0).empty());
+    CHECK(outlives->args().empty());
+    outlives.reset();  // its stager is gone: nothing to give back
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: reserve is busy under an unbound frame; once it grows the mirror, ended frames are inert",
+          "[frame][ownership]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> stager(mock);
+    Result<HostFrame> frame = stager.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    CHECK(stager.reserve(std::size_t{1} << 22).code() == Errc::busy);  // nothing moved under it
+    CHECK(frame->live());
+    auto run = stager.bind(*frame);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    const std::byte* before = frame->host(0).data();
+    REQUIRE(before != nullptr);
+    REQUIRE(stager.reserve(std::size_t{1} << 22).ok());  // the mirror grows: its old memory is freed
+    CHECK(stager.strategy(0).mirror() != before);
+    CHECK_FALSE(frame->live());  // no view into the freed mirror
+    CHECK(frame->host(0).empty());
+    CHECK(stager.bind(*frame).status().code() == Errc::invalid_argument);
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("frame: abandon ends unbound and held frames; the slots are free again", "[frame][ownership]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink});
+    Stager<MockBackend, Packed> stager(mock, Packed{}, 2);
+    stager.set_error_sink(&test::quiet_sink);
+    Result<HostFrame> a = stager.frame(decode_shapes);
+    Result<HostFrame> b = stager.frame(decode_shapes);
+    REQUIRE((a.ok() && b.ok()));
+    stager.abandon();
+    CHECK_FALSE(a->live());
+    CHECK_FALSE(b->live());
+    Result<HostFrame> c = stager.frame(decode_shapes);
+    CHECK(c.ok());
+    c = Status(Errc::invalid_argument, "dropped");
+    REQUIRE(stager.release().ok());
 }
 
 namespace {
@@ -192,9 +335,21 @@ concept hands_out_frames = requires(S& s, std::span<const TensorShape> shapes) {
 };
 }  // namespace
 
-TEST_CASE("frame: only packing strategies hand out frames", "[frame]") {
+TEST_CASE("frame: only packing stagers hand out frames", "[frame]") {
     STATIC_REQUIRE(hands_out_frames<Stager<MockBackend, Packed>>);
-    STATIC_REQUIRE_FALSE(hands_out_frames<Stager<MockBackend>>);
+    STATIC_REQUIRE(hands_out_frames<Stager<MockBackend>>);  // packing is a run-time option of every RetainedBump
+    STATIC_REQUIRE_FALSE(hands_out_frames<Stager<MockBackend, PerTensorMalloc<>>>);  // no mirror
+    MockBackend mock;
+    Stager<MockBackend> unpacked(mock);
+    const Result<HostFrame> refused = unpacked.frame(decode_shapes);
+    CHECK(refused.status().code() == Errc::not_supported);
+    CHECK_THAT(refused.status().message(), Catch::Contains("pack limit is 0") && Catch::Contains("mock"));
+    Stager<MockBackend> packed(mock, {}, StagerOptions{.pack_limit = 4096});
+    auto frame = packed.frame(decode_shapes);
+    REQUIRE(frame.ok());
+    auto run = packed.bind(*frame);
+    REQUIRE(run.ok());
+    REQUIRE(packed.finish(std::move(*run)).ok());
 }
 
 TEST_CASE("frame: no shapes is invalid_argument, and the stager stays usable", "[frame][misuse]") {
@@ -297,6 +452,7 @@ TEMPLATE_TEST_CASE("frame: a device-resident tensor is passed through and takes 
     CHECK(run->leases()[1].release_kind == ReleaseKind::ExternalNoop);
     REQUIRE(stager.finish(std::move(*run)).ok());
     REQUIRE(stager.release().ok());
+    reference = Status(Errc::invalid_argument, "never bound: the engine drops it");  // so plain may release
     REQUIRE(plain.release().ok());
     REQUIRE(mock.device_free(*weights).ok());
     REQUIRE(mock.device_free(*cache).ok());

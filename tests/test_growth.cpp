@@ -310,3 +310,66 @@ TEST_CASE("growth: a grow that falls back to the plan after a misaligned try ask
     REQUIRE(stager.release().ok());
     CHECK(mock.misuses() == 0);
 }
+
+// GrowthRule is each policy with its parameters chosen at run time: over a grid of capacities
+// and requirements, including those whose products overflow, it answers exactly what the
+// compile-time policy does (value or error code and message).
+TEST_CASE("growth: a GrowthRule answers as the compile-time policy with the same parameters", "[growth][rule]") {
+    constexpr std::size_t max = static_cast<std::size_t>(-1);
+    const std::vector<std::size_t> sizes = {0,       1,       1000,    4096, 4097, std::size_t{1} << 20,
+                                            max / 3, max / 2, max - 5, max};
+    const auto same = [](const Result<std::size_t>& a, const Result<std::size_t>& b) {
+        if (a.ok() != b.ok()) return false;
+        if (a.ok()) return *a == *b;
+        return a.status().code() == b.status().code() && a.status().message() == b.status().message();
+    };
+    const Result<GrowthRule> geometric = GrowthRule::geometric(3, 2);
+    const Result<GrowthRule> granular = GrowthRule::granular(4096);
+    REQUIRE((geometric.ok() && granular.ok()));
+    const GrowthRule capped = GrowthRule::exact().capped(1 << 20);
+    const GrowthRule capped_geometric = geometric->capped(std::size_t{1} << 30);
+    for (const std::size_t current : sizes) {
+        for (const std::size_t required : sizes) {
+            CAPTURE(current, required);
+            CHECK(same(GrowthRule::exact().next_capacity(current, required),
+                       ExactGrowth{}.next_capacity(current, required)));
+            CHECK(same(geometric->next_capacity(current, required),
+                       GeometricGrowth<3, 2>{}.next_capacity(current, required)));
+            CHECK(same(granular->next_capacity(current, required),
+                       GranularGrowth<4096>{}.next_capacity(current, required)));
+            CHECK(same(capped.next_capacity(current, required),
+                       CappedGrowth<ExactGrowth>(1 << 20).next_capacity(current, required)));
+            CHECK(same(capped_geometric.next_capacity(current, required),
+                       CappedGrowth<GeometricGrowth<3, 2>>(std::size_t{1} << 30).next_capacity(current, required)));
+        }
+    }
+    CHECK(GrowthRule::geometric(2, 2).status().code() == Errc::invalid_argument);
+    CHECK(GrowthRule::geometric(3, 0).status().code() == Errc::invalid_argument);
+    CHECK_THAT(GrowthRule::granular(3000).status().message(), Catch::Contains("3000 is not a power of two"));
+}
+
+// The rule and the order of a grow given as options reach every slot of the stager.
+TEST_CASE("growth: StagerOptions::growth and grow_order configure a RetainedBump<GrowthRule> stager",
+          "[growth][rule]") {
+    MockBackend mock;
+    using Configurable = RetainedBump<GrowthRule>;
+    Stager<MockBackend, Configurable> stager(
+        mock, {},
+        StagerOptions{
+            .pipeline_slots = 2, .growth = *GrowthRule::granular(1 << 16), .grow_order = GrowOrder::free_first});
+    REQUIRE(stager.status().ok());
+    for (std::size_t slot = 0; slot < 2; ++slot) {
+        CHECK(stager.strategy(slot).growth().kind() == GrowthRule::Kind::granular);
+        CHECK(stager.strategy(slot).order() == GrowOrder::free_first);
+    }
+    std::vector<std::byte> host(3000);
+    const TensorArg args[] = {{host.data(), host.size(), Direction::InOut}};
+    auto run = stager.bind_slot(1, args);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    CHECK(stager.strategy(1).capacity() == 1 << 16);  // rounded to the granule
+    Stager<MockBackend> fixed(mock, {}, StagerOptions{.growth = GrowthRule::exact()});
+    CHECK(fixed.status().code() == Errc::invalid_argument);  // RetainedBump<ExactGrowth> takes no rule
+    CHECK_THAT(fixed.status().message(), Catch::Contains("growth rule") && Catch::Contains("mock"));
+    CHECK(fixed.bind(args).status().code() == Errc::invalid_argument);
+}

@@ -366,7 +366,7 @@ TEST_CASE(
     CHECK(mock.misuses() == 0);
 }
 
-TEST_CASE("mapped: an unmap refused at release is returned, and the mirror is not freed while mapped",
+TEST_CASE("mapped: an unmap refused at release is returned; the mirror stays allocated, mapped and counted",
           "[mapped][release]") {
     MockBackend mock(MockConfig{.sink = &test::quiet_sink});
     {
@@ -376,15 +376,23 @@ TEST_CASE("mapped: an unmap refused at release is returned, and the mirror is no
         auto run = stager.bind(args);
         REQUIRE(run.ok());
         REQUIRE(stager.finish(std::move(*run)).ok());
+        const std::uint64_t mapped = stager.stats().mapped_bytes;
+        const std::uint64_t mirrored = stager.stats().mirror_bytes;
+        REQUIRE(mapped > 0);
         mock.fail_call(MockOp::unmap_host, 1);
         const Status released = stager.release();
         CHECK_FALSE(released.ok());
         CHECK_THAT(released.message(), Catch::Contains("unmap failed") && Catch::Contains("stays allocated"));
+        CHECK(stager.stats().mapped_bytes == mapped);  // accounted for, not forgotten
+        CHECK(stager.stats().mirror_bytes == mirrored);
+        CHECK(mock.live_mappings() == 1);
+        CHECK(mock.live_pinned_allocations() == 1);  // never freed while mapped
+        REQUIRE(stager.release().ok());              // a later release tries again
         CHECK(stager.stats().mapped_bytes == 0);
         CHECK(stager.stats().mirror_bytes == 0);
     }
-    CHECK(mock.live_mappings() == 1);
-    CHECK(mock.live_pinned_allocations() == 1);  // never freed while mapped
+    CHECK(mock.live_mappings() == 0);
+    CHECK(mock.live_pinned_allocations() == 0);
     CHECK(mock.misuses() == 0);
 }
 
@@ -582,4 +590,40 @@ TEST_CASE("mapped: failing the k-th call of each operation of mapped runs leaks 
             }
         }
     }
+}
+
+// reserve() grows a mapped mirror keeping the old one until the new one exists; an unmap of the
+// old one that fails is returned, the slot keeps the mirror it had (still mapped, still counted)
+// and the new one is given back, so nothing the backend may still map is freed or forgotten.
+TEST_CASE("mapped: an unmap refused while reserve grows the mirror is returned; the old mirror stays counted",
+          "[mapped][reserve][release]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink});
+    Stager<MockBackend, MapBump> stager(mock);
+    stager.set_error_sink(&test::quiet_sink);
+    std::vector<std::uint8_t> host(100, 1);
+    const TensorArg args[] = {{host.data(), 100, Direction::In}};
+    auto run = stager.bind(args);
+    REQUIRE(run.ok());
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    const std::uint64_t mirror_bytes = stager.stats().mirror_bytes;
+    const std::uint64_t mapped_bytes = stager.stats().mapped_bytes;
+    std::byte* const mirror = stager.strategy().mirror();
+    REQUIRE(mapped_bytes > 0);
+    REQUIRE(mock.live_mappings() == 1);
+    mock.fail_call(MockOp::unmap_host, mock.calls(MockOp::unmap_host) + 1);
+    const Status reserved = stager.reserve(std::size_t{1} << 20);
+    CHECK_FALSE(reserved.ok());
+    CHECK_THAT(reserved.message(), Catch::Contains("unmap failed") && Catch::Contains("stays allocated"));
+    CHECK(stager.strategy().mirror() == mirror);  // the slot keeps the mirror it had
+    CHECK(stager.stats().mirror_bytes == mirror_bytes);
+    CHECK(stager.stats().mapped_bytes == mapped_bytes);
+    CHECK(mock.live_mappings() == 1);
+    CHECK(mock.live_pinned_allocations() == 1);  // the new mirror went back; the old one is held
+    mock.clear_faults();
+    REQUIRE(stager.release().ok());
+    CHECK(stager.stats().mirror_bytes == 0);
+    CHECK(stager.stats().mapped_bytes == 0);
+    CHECK(mock.live_mappings() == 0);
+    CHECK(mock.live_pinned_allocations() == 0);
+    CHECK(mock.misuses() == 0);
 }

@@ -103,6 +103,7 @@ TEST_CASE("numa: the topology is read from sysfs, and bad input is a clear error
     CHECK(absent.status().code() == Errc::not_supported);
     CHECK_THAT(std::string(absent.status().message()), Catch::Contains("0000:99:00.0/numa_node"));
     CHECK(numa_node_of_pci("../../etc", sysfs.root).status().code() == Errc::invalid_argument);
+    CHECK(numa_node_of_pci("00000000:65:00.0", sysfs.root).value() == 1);  // an 8-digit domain
 
     // The runtime's answer first, sysfs by PCI address next, none last.
     NodeMock said;
@@ -113,6 +114,48 @@ TEST_CASE("numa: the topology is read from sysfs, and bad input is a clear error
     CHECK(nearest_numa_node(PciMock("0000:17:00.0"), sysfs.root).value() == 0);
     CHECK(nearest_numa_node(PciMock(), sysfs.root).status().code() == Errc::not_supported);
     CHECK(nearest_numa_node(MockBackend(), sysfs.root).value() == -1);
+}
+
+TEST_CASE("numa: a PCI address is dddd:bb:dd.f and nothing else; path components are refused", "[numa]") {
+    FakeSysfs sysfs;
+    // What a path component would reach if it passed: <root>/bus/pci/numa_node.
+    sysfs.write("bus/pci/numa_node", "0\n");
+    sysfs.write("bus/pci/devices/numa_node", "0\n");
+    struct Row {
+        const char* address;
+        Errc expected;
+    };
+    const Row rows[] = {
+        {"", Errc::invalid_argument},
+        {"..", Errc::invalid_argument},
+        {".", Errc::invalid_argument},
+        {"17", Errc::invalid_argument},
+        {":::", Errc::invalid_argument},
+        {"0000:17:00", Errc::invalid_argument},       // no function
+        {"17:00.0", Errc::invalid_argument},          // no domain
+        {"0000:17:00.8", Errc::invalid_argument},     // functions are 0-7
+        {"0000:17:00.0/..", Errc::invalid_argument},  // a path component after it
+        {"0000:17/../00.0", Errc::invalid_argument},
+        {"000:17:00.0", Errc::invalid_argument},        // a 3-digit domain
+        {"000000000:17:00.0", Errc::invalid_argument},  // a 9-digit domain
+        {"0000:117:00.0", Errc::invalid_argument},
+        {"0000:g7:00.0", Errc::invalid_argument},
+        {" 0000:17:00.0", Errc::invalid_argument},
+        {"0000:17:00.0 ", Errc::invalid_argument},
+        {"0000:99:00.0", Errc::not_supported},  // well formed, not in sysfs
+        {"0000:17:00.0", Errc::ok},
+        {"0000:17:00.7", Errc::not_supported},
+        {"00000000:17:00.0", Errc::ok},
+        {"0000:B3:00.0", Errc::ok},
+    };
+    for (const Row& row : rows) {
+        INFO("'" << row.address << "'");
+        const Result<int> node = numa_node_of_pci(row.address, sysfs.root);
+        CHECK((node.ok() ? Errc::ok : node.status().code()) == row.expected);
+        if (row.expected == Errc::invalid_argument) {
+            CHECK_THAT(std::string(node.status().message()), Catch::Contains("is not a PCI address"));
+        }
+    }
 }
 
 TEST_CASE("numa: mbind binds pages before their first touch; get_mempolicy reads it back", "[numa]") {

@@ -11,6 +11,7 @@
 #include "devstage/strategy/packing.hpp"
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
+#include "fake_backends.hpp"
 #include "support.hpp"
 
 using namespace devstage;
@@ -221,4 +222,55 @@ TEST_CASE("packing: the packed mirror is really pinned on the simulator: nothing
     CHECK(sim.stats().bounced_bytes == bounced);
     REQUIRE(stager.finish(std::move(*run)).ok());
     CHECK(sim.stats().bounced_bytes == bounced);
+}
+
+// The pack limit is a run-time option: a stager of the default RetainedBump given one stages
+// exactly as one whose PackSmall policy names it (the same copies, byte-identical results).
+TEST_CASE("packing: a pack limit chosen at run time stages as PackSmall<limit>", "[packing][options]") {
+    MockBackend mock;
+    Stager<MockBackend, Packed> fixed(mock);
+    Stager<MockBackend> chosen(mock, {}, StagerOptions{.pack_limit = limit});
+    CHECK(chosen.pack_limit() == limit);
+    CHECK(fixed.pack_limit() == limit);
+    for (std::uint32_t seed = 1; seed <= 24; ++seed) {
+        CAPTURE(seed);
+        test::HostRun a = random_run(seed), b = random_run(seed);
+        Status first, second;
+        const Copies fixed_copies = count_copies(mock, [&] { first = run_once(fixed, mock, a); });
+        const Copies chosen_copies = count_copies(mock, [&] { second = run_once(chosen, mock, b); });
+        REQUIRE(first.ok());
+        REQUIRE(second.ok());
+        CHECK(fixed_copies.to_device == chosen_copies.to_device);
+        CHECK(fixed_copies.from_device == chosen_copies.from_device);
+        CHECK(test::same_bytes(a.buffers, b.buffers));
+    }
+    CHECK(fixed.stats().packed_args == chosen.stats().packed_args);
+    CHECK(fixed.stats().mirror_copy_bytes == chosen.stats().mirror_copy_bytes);
+    Stager<MockBackend, Packed> unpacked(mock, {}, StagerOptions{.pack_limit = 0});  // the policy's default, overridden
+    test::HostRun host = random_run(3);
+    REQUIRE(run_once(unpacked, mock, host).ok());
+    CHECK(unpacked.stats().packed_args == 0);
+    CHECK(unpacked.stats().mirror_bytes == 0);
+    CHECK(mock.misuses() == 0);
+}
+
+TEST_CASE("packing: options a stager cannot honour leave it broken, saying why", "[packing][options]") {
+    MockBackend mock;
+    Stager<MockBackend, PerTensorMalloc<>> per_tensor(mock, {}, StagerOptions{.pack_limit = 4096});
+    CHECK(per_tensor.status().code() == Errc::not_supported);
+    CHECK_THAT(per_tensor.status().message(),
+               Catch::Contains("pack limit 4096 needs a strategy with a pinned mirror") && Catch::Contains("mock"));
+    test::HostRun host = random_run(5);
+    CHECK(per_tensor.bind(host.args).status().code() == Errc::not_supported);
+    Stager<MockBackend> map_only(mock, {}, StagerOptions{.map_small = true});
+    CHECK(map_only.status().code() == Errc::invalid_argument);
+    CHECK_THAT(map_only.status().message(), Catch::Contains("map_small needs a pack limit above 0"));
+    Stager<MockBackend> too_many(mock, {}, StagerOptions{.pipeline_slots = 300});
+    CHECK_THAT(too_many.status().message(), Catch::Contains("300 pipeline slots asked for; at most 256"));
+    test::FakeBackend<test::Missing::pinned_malloc> fake;
+    Stager<decltype(fake)> unpinned(fake, {}, StagerOptions{.pack_limit = 4096});
+    CHECK(unpinned.status().code() == Errc::not_supported);
+    CHECK_THAT(unpinned.status().message(), Catch::Contains("needs pinned host memory"));
+    Stager<decltype(fake)> plain(fake);  // packing is not asked for: the stager is fine
+    CHECK(plain.status().ok());
 }

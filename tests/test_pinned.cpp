@@ -307,6 +307,29 @@ TEST_CASE("pinned: an allocation in flight while the pool is destroyed is refuse
 
 namespace {
 
+// A deferred mock that checks its streams (StreamCheckBackend), as the simulator, CUDA and ACL
+// do: the pool's record(buffer, stream) then checks the stream with check_stream and makes no
+// event call until the release, whose failures these cases inject.
+class CheckingMock : public test::DeferredMock {
+public:
+    using DeferredMock::DeferredMock;
+    Result<Stream> create_stream() noexcept {
+        Result<Stream> stream = DeferredMock::create_stream();
+        if (stream) streams_.push_back(stream->id);
+        return stream;
+    }
+    Status check_stream(Stream stream) noexcept {
+        for (const std::uint32_t id : streams_) {
+            if (id == stream.id) return {};
+        }
+        return Status(Errc::invalid_argument, "checking mock: stream " + std::to_string(stream.id) + " is not mine");
+    }
+
+private:
+    std::vector<std::uint32_t> streams_;
+};
+static_assert(StreamCheckBackend<CheckingMock>);
+
 // A deferred mock with a stream, device memory, and a pool over them whose reports are counted.
 struct StreamedPool {
     static constexpr std::size_t bytes = 4096;
@@ -343,10 +366,10 @@ struct StreamedPool {
         return test::read_device(mock, region(k), bytes) == std::vector<std::byte>(bytes, static_cast<std::byte>(fill));
     }
 
-    test::DeferredMock mock;
+    CheckingMock mock;
     void* device;
     MockBackend::Stream stream;
-    std::optional<PinnedHostPool<test::DeferredMock>> pool;
+    std::optional<PinnedHostPool<CheckingMock>> pool;
 };
 
 }  // namespace
@@ -500,21 +523,24 @@ TEST_CASE("pinned streams: the destruction leaves allocated a block whose work c
     setup.mock.clear_faults();
 }
 
-TEST_CASE("pinned streams: a sweep over failures of every event call never reuses or frees a block early",
-          "[pinned][streams][errors]") {
+// Over a mock that checks its streams (no event call before the release) and one that does
+// not (the pool records an event at record() to check the stream): a record refused by an
+// injected failure leaves the caller to wait for its work before giving the buffer back.
+TEMPLATE_TEST_CASE("pinned streams: a sweep over failures of every event call never reuses or frees a block early",
+                   "[pinned][streams][errors]", CheckingMock, test::DeferredMock) {
     constexpr std::size_t region = 8192;
     constexpr int rounds = 6, per_round = 3;
     for (const MockOp op : {MockOp::create_event, MockOp::record_event, MockOp::event_ready, MockOp::synchronize_event,
                             MockOp::synchronize, MockOp::destroy_event}) {
         for (std::uint64_t k = 1;; ++k) {
             INFO(to_string(op) << " call " << k << " fails");
-            test::DeferredMock mock(MockConfig{.sink = &test::quiet_sink});  // a failed destroy_event leaks it
+            TestType mock(MockConfig{.sink = &test::quiet_sink});  // a failed destroy_event leaks it
             pinned_suite::sink_calls = 0;
             const MockBackend::Stream streams[] = {*mock.create_stream(), *mock.create_stream()};
             auto* const device = static_cast<std::byte*>(*mock.device_malloc(rounds * per_round * region));
             mock.fail_call(op, k);
             {
-                PinnedHostPool<test::DeferredMock> pool(mock, CachingPinned{.max_cached_bytes = 64 << 10});
+                PinnedHostPool<TestType> pool(mock, CachingPinned{.max_cached_bytes = 64 << 10});
                 pool.set_error_sink(&pinned_suite::counting_sink);
                 for (int round = 0; round < rounds; ++round) {
                     std::vector<PinnedBuffer> probes;
@@ -528,8 +554,14 @@ TEST_CASE("pinned streams: a sweep over failures of every event call never reuse
                         REQUIRE(mock.copy_to_device_async(device + static_cast<std::size_t>(n) * region, buffer->data(),
                                                           bytes, stream)
                                     .ok());
-                        REQUIRE(pool.record(*buffer, stream).ok());
-                        if (j == 1) REQUIRE(pool.record(*buffer, streams[0]).ok());
+                        bool refused = !pool.record(*buffer, stream).ok();
+                        if (j == 1) refused = !pool.record(*buffer, streams[0]).ok() || refused;
+                        if (refused) {
+                            // Nothing (or not everything) was recorded: the caller waits itself.
+                            REQUIRE_FALSE(devstage::StreamCheckBackend<TestType>);
+                            mock.clear_faults();
+                            REQUIRE(mock.synchronize().ok());
+                        }
                         buffer->reset();
                         auto probe = pool.allocate(bytes);  // a block handed out early would hold these bytes
                         REQUIRE(probe.ok());

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // PinnedHostPool over several backend instances (pinned/pool.hpp, record with the stream's
 // backend, forget): one pool whose memory streams of 2 to 8 mocks use, eager and deferred, with
-// failures of every event call of every backend, streams named with the wrong backend, forget,
-// and 8 threads each with its own backend and stream.
+// failures of every event call of every backend, streams named with the wrong backend (checked
+// when recorded, on the mock and on simulated devices of one host), forget, and 8 threads each
+// with its own backend and stream.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -11,7 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "async_support.hpp"
 #include "devstage/backends/mock.hpp"
+#include "devstage/backends/sim.hpp"
 #include "devstage/pinned/pool.hpp"
 #include "support.hpp"
 
@@ -325,4 +328,69 @@ TEST_CASE("pinned devices: 8 threads, each with its own backend and stream, over
     }
     for (int t = 0; t < threads; ++t) CHECK(devices[t]->mock.misuses() == 0);
     CHECK(host.live_pinned_allocations() == 0);
+}
+
+TEST_CASE("pinned devices: another device's stream is refused when recorded, and its block is never handed out early",
+          "[pinned_devices]") {
+    SimHost host;
+    SimBackend gpu0(SimConfig{.device = 0}, host);
+    SimBackend gpu1(SimConfig{.device = 1}, host);
+    PinnedHostPool<SimBackend> pool(gpu0);
+    auto stream1 = gpu1.create_stream();
+    REQUIRE(stream1.ok());
+    test::DeviceBytes<SimBackend> device1(gpu1, block_bytes);
+    test::StreamGate gate;  // holds device 1's stream: its copy stays queued
+    REQUIRE(gpu1.launch_host_func(*stream1, &test::StreamGate::hold, &gate).ok());
+    gate.wait_entered();
+
+    auto buffer = pool.allocate(block_bytes);
+    REQUIRE(buffer.ok());
+    std::memset(buffer->data(), 0x11, block_bytes);
+    REQUIRE(gpu1.copy_to_device_async(device1.get(), buffer->data(), block_bytes, *stream1).ok());
+    // Named with the pool's backend (device 0), device 1's stream is refused now, not at the
+    // release: nothing is recorded, and the caller knows to name the stream's backend.
+    const Status wrong = pool.record(*buffer, *stream1);
+    CHECK(wrong.code() == Errc::invalid_argument);
+    CHECK_THAT(wrong.message(), Catch::Contains("sim device 1") && Catch::Contains("nothing was recorded"));
+    REQUIRE(pool.record(*buffer, *stream1, gpu1).ok());
+    void* const block = buffer->data();
+    buffer->reset();
+
+    std::vector<PinnedBuffer> later;
+    for (int i = 0; i < 3; ++i) {
+        auto next = pool.allocate(block_bytes);
+        REQUIRE(next.ok());
+        CHECK(next->data() != block);  // device 1's copy still reads it
+        std::memset(next->data(), 0xEE, block_bytes);
+        later.push_back(std::move(*next));
+    }
+    gate.open();
+    REQUIRE(gpu1.synchronize().ok());
+    CHECK(test::read_device(gpu1, device1.get(), block_bytes) == std::vector<std::byte>(block_bytes, std::byte{0x11}));
+    later.clear();
+    REQUIRE(pool.forget(gpu1).ok());
+    CHECK(gpu1.destroy_stream(*stream1).ok());
+}
+
+TEST_CASE("pinned devices: a backend that cannot check a stream has it checked by an event at record()",
+          "[pinned_devices]") {
+    MockBackend zero;  // its stream ids: none yet; device one's stream is unknown to it
+    Device one(false);
+    PinnedHostPool<MockBackend> pool(zero);
+    auto buffer = pool.allocate(block_bytes);
+    REQUIRE(buffer.ok());
+    const Status wrong = pool.record(*buffer, one.stream);  // named with the pool's backend
+    CHECK(wrong.code() == Errc::invalid_argument);
+    CHECK_THAT(wrong.message(), Catch::Contains("unknown stream") && Catch::Contains("nothing was recorded"));
+    CHECK(zero.calls(MockOp::record_event) == 1);  // the check
+    CHECK(zero.live_events() == 0);                // the failed check's event was destroyed
+    auto own = zero.create_stream();
+    REQUIRE(own.ok());
+    CHECK(pool.record(*buffer, *own).ok());
+    CHECK(zero.calls(MockOp::record_event) == 2);
+    buffer->reset();
+    CHECK(zero.calls(MockOp::record_event) == 3);  // and again at the release
+    CHECK(zero.misuses() == 1);                    // the unknown stream, nothing else
+    REQUIRE(pool.trim().ok());
+    CHECK(zero.destroy_stream(*own).ok());
 }

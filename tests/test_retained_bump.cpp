@@ -46,7 +46,7 @@ TEST_CASE("retained_bump: slices are Alignment-aligned over a 64-aligned backend
     CHECK(reinterpret_cast<std::uintptr_t>(strategy.base()) % 1024 == 0);
     for (const PlannedTensor& tensor : plan->tensors()) {
         TensorLease lease{};
-        REQUIRE(strategy.acquire(mock, tensor, args[tensor.arg_index], lease, stats).ok());
+        REQUIRE(slice(strategy, mock, tensor, args[tensor.arg_index], lease).ok());
         CHECK(reinterpret_cast<std::uintptr_t>(lease.device) % 1024 == 0);
         CHECK(mock.is_device(lease.device, lease.bytes));
         CHECK(lease.release_kind == ReleaseKind::BufferNoop);
@@ -63,13 +63,13 @@ TEST_CASE("retained_bump: a slice outside the buffer is an error, not undefined 
     std::vector<std::byte> host(64);
     const TensorArg arg{host.data(), 64, Direction::In};
     TensorLease lease{};
-    const Status miss = strategy.acquire(mock, PlannedTensor{0, 0, 64}, arg, lease, stats);  // no prepare: empty slot
+    const Status miss = slice(strategy, mock, PlannedTensor{0, 0, 64}, arg, lease);  // no prepare: empty slot
     REQUIRE_FALSE(miss.ok());
     CHECK_THAT(miss.message(), Catch::Contains("slice miss"));
     const TensorArg args[] = {arg};
     auto plan = StagingPlan::build(args, 1024);
     REQUIRE(test::prepare_for(strategy, mock, *plan, stats).ok());
-    const Status beyond = strategy.acquire(mock, PlannedTensor{0, 1024, 64}, arg, lease, stats);
+    const Status beyond = slice(strategy, mock, PlannedTensor{0, 1024, 64}, arg, lease);
     CHECK(beyond.code() == Errc::invalid_argument);
     REQUIRE(strategy.release_retained(mock, stats).ok());
 }

@@ -6,6 +6,7 @@
 // stager must hold nothing, have misused nothing, and stage the next program correctly.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -98,7 +99,7 @@ struct EdgeProgram {
         std::memset(frame->host(2).data(), 0xCC, 400);  // stale bytes a zeroing must not let through
         Result<StagedRun> framed = stager.bind(*frame, copy);
         if (!framed) {
-            unbound.emplace(*frame);
+            unbound.emplace(std::move(*frame));
             return framed.status();
         }
         if (framed->device_args()[1].data != cache) return Status(Errc::invalid_argument, "not passed through");
@@ -311,4 +312,48 @@ TEST_CASE("stream edges: a run dropped after its kernel was ordered onto another
     CHECK(slow.misuses() == 0);
     REQUIRE(slow.destroy_stream(*copy).ok());
     REQUIRE(slow.destroy_stream(*compute).ok());
+}
+
+namespace {
+
+// A packed (or mapped) run whose stream-ordered finish fails at the call (its event cannot be
+// recorded) and whose settle cannot wait either (synchronize_event and synchronize() fail): the
+// finish returns the failure, and the run's packed outputs are dropped. The engine owns its host
+// memory again and rewrites the output; a later settle of the slot (release()) must not copy the
+// run's outputs over it.
+template <class Strategy>
+void failed_finish_never_delivers() {
+    MockBackend mock(MockConfig{.sink = &silent, .deferred_async = true});
+    Stager<MockBackend, Strategy> stager(mock);
+    stager.set_error_sink(&silent);
+    const auto stream = mock.create_stream();
+    REQUIRE(stream.ok());
+    std::vector<std::byte> in(100, std::byte{7}), out(200, std::byte{0xAA});
+    const TensorArg args[] = {{in.data(), in.size(), Direction::In}, {out.data(), out.size(), Direction::Out}};
+    Result<StagedRun> run = stager.bind(args, *stream);
+    REQUIRE(run.ok());
+    for (MockOp op : {MockOp::record_event, MockOp::synchronize_event, MockOp::synchronize}) {
+        mock.fail_from(op, mock.calls(op) + 1);
+    }
+    Result<Completion> done = stager.finish(std::move(*run), *stream);
+    REQUIRE_FALSE(done.ok());
+    CHECK(done.status().code() == Errc::backend_failure);
+    std::fill(out.begin(), out.end(), std::byte{0x55});  // the engine's memory again: it rewrites it
+    mock.clear_faults();
+    REQUIRE(stager.release().ok());
+    CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0x55}; }));
+    CHECK(mock.misuses() == 0);
+    REQUIRE(mock.destroy_stream(*stream).ok());
+}
+
+}  // namespace
+
+TEST_CASE("stream edges: a finish that fails at the call and cannot wait never delivers its packed outputs later",
+          "[stream_edges][deferred]") {
+    SECTION("packed") {
+        failed_finish_never_delivers<RetainedBump<ExactGrowth, 256, PackSmall<512>>>();
+    }
+    SECTION("mapped") {
+        failed_finish_never_delivers<RetainedBump<ExactGrowth, 256, MapSmall<512>>>();
+    }
 }

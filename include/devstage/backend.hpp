@@ -348,38 +348,6 @@ template <class B>
 concept MappedHostBackend = PinnedHostBackend<B> && backend_requires::host_map_alignment<B> &&
     backend_requires::map_host<B> && backend_requires::unmap_host<B>;
 
-/// A range a kernel reads or writes, by its device address: device memory, or mapped host
-/// memory (a device address from map_host). For backends that model or check what kernels
-/// touch (KernelAccessBackend).
-/// `KernelAccess{args[i].data, args[i].bytes, true, false}` for an In arg: read, not written.
-struct KernelAccess {
-    const void* device = nullptr;
-    std::size_t bytes = 0;
-    bool reads = true;
-    bool writes = false;
-};
-
-/// Optional, for backends that model or check what kernels touch (SimBackend models mapped
-/// accesses as bytes over the link; MockBackend checks them against the host's use):
-/// `b.launch_kernel(s, fn, data, accesses)` noexcept -> Status enqueues a HostFunction standing in
-/// for a kernel that touches `accesses` (read during the call only).
-template <class B>
-concept KernelAccessBackend = HostFunctionBackend<B> &&
-    requires(B& b, typename B::Stream s, HostFunction fn, void* data, std::span<const KernelAccess> accesses) {
-    { b.launch_kernel(s, fn, data, accesses) }
-    noexcept->std::same_as<Status>;
-};
-
-/// Optional, for checking backends (MockBackend): `b.check_host_access(host, n, writes)` noexcept
-/// -> Status: the host is about to read (or, `writes`, write) `n` bytes of host memory with its
-/// own code; busy (a misuse) when pending work still writes them, or still reads them and the
-/// host writes. The Stager announces its reads and writes of a mapped mirror this way.
-template <class B>
-concept HostAccessCheckBackend = MappedHostBackend<B> && requires(B& b, const void* host, std::size_t n, bool w) {
-    { b.check_host_access(host, n, w) }
-    noexcept->std::same_as<Status>;
-};
-
 /// Optional: `cb.streams_immediate()` noexcept -> bool: true when the backend's streams are
 /// immediate at run time — every operation enqueued on one has completed when its call returns,
 /// and its events are always complete — as for a backend over a runtime without streams (the C

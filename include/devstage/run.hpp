@@ -11,14 +11,10 @@
 #include <span>
 #include <utility>
 
-#include "devstage/backend.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
-
-template <Backend B, class Strategy>
-class Stager;
 
 class StagedRun;
 
@@ -34,6 +30,16 @@ protected:
     RunOwner(const RunOwner&) = default;
     RunOwner& operator=(const RunOwner&) = default;
     ~RunOwner() = default;
+
+    /// A live run of this owner on `slot`, linked (relink_run is called with it).
+    inline StagedRun make_run(std::size_t slot, std::span<const TensorArg> device_args,
+                              std::span<const TensorLease> leases) noexcept;
+    /// Whether `run` is a live run of this owner, and its slot.
+    inline bool ours(const StagedRun& run) const noexcept;
+    static bool dead(const StagedRun& run) noexcept;
+    static std::size_t slot_of(const StagedRun& run) noexcept;
+    /// Makes a live run's handle inert (its owner ended the run).
+    static void unlink(StagedRun& run) noexcept;
 };
 
 }  // namespace detail
@@ -67,8 +73,7 @@ public:
     std::size_t slot() const noexcept { return slot_; }
 
 private:
-    template <Backend, class>
-    friend class Stager;
+    friend class detail::RunOwner;
 
     StagedRun(detail::RunOwner* owner, std::size_t slot, std::span<const TensorArg> device_args,
               std::span<const TensorLease> leases) noexcept
@@ -100,6 +105,26 @@ private:
     std::span<const TensorLease> leases_;
 };
 
+namespace detail {
+
+inline StagedRun RunOwner::make_run(std::size_t slot, std::span<const TensorArg> device_args,
+                                    std::span<const TensorLease> leases) noexcept {
+    return StagedRun(this, slot, device_args, leases);
+}
+inline bool RunOwner::ours(const StagedRun& run) const noexcept {
+    return run.owner_ == this;
+}
+inline bool RunOwner::dead(const StagedRun& run) noexcept {
+    return run.owner_ == nullptr;
+}
+inline std::size_t RunOwner::slot_of(const StagedRun& run) noexcept {
+    return run.slot_;
+}
+inline void RunOwner::unlink(StagedRun& run) noexcept {
+    run.unlink();
+}
+
+}  // namespace detail
 }  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

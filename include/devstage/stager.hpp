@@ -2,45 +2,35 @@
 #pragma once
 /// \file
 /// Stager: stages a run's host tensors on the device through a strategy, hands back device
-/// pointers and leases, and at the end of the run copies back what it must and releases
-/// exactly what it owns — synchronously, or enqueued on the caller's stream. Both go through
-/// one path: a synchronous backend is seen through SynchronousAdapter, whose stream is
-/// immediate.
+/// pointers and leases, and at the end of the run copies back what it must and releases exactly
+/// what it owns — synchronously, or on the caller's stream (one path: a synchronous backend is
+/// seen through SynchronousAdapter). The run lifecycle reads here top to bottom; its steps are
+/// the components of detail/stager/ (docs/design.md), a slot's life detail/stager/slot_state.hpp.
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <limits>
-#include <memory>
-#include <new>
-#include <optional>
 #include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/completion.hpp"
-#include "devstage/detail/schedule/slot_fence.hpp"
-#include "devstage/detail/stager/messages.hpp"
-#include "devstage/detail/stager/slot.hpp"
-#include "devstage/detail/transfer/transfers.hpp"
-#include "devstage/detail/transfer/zero_outputs.hpp"
-#include "devstage/detail/util/message.hpp"
+#include "devstage/detail/stager/bind.hpp"
+#include "devstage/detail/stager/core.hpp"
+#include "devstage/detail/stager/finish.hpp"
+#include "devstage/detail/stager/release.hpp"
+#include "devstage/detail/stager/select.hpp"
+#include "devstage/detail/stager/settle.hpp"
+#include "devstage/detail/stager/stream_check.hpp"
 #include "devstage/frame.hpp"
-#include "devstage/lease.hpp"
+#include "devstage/host_copy.hpp"
 #include "devstage/output_policy.hpp"
 #include "devstage/pageable.hpp"
-#include "devstage/plan.hpp"
 #include "devstage/run.hpp"
+#include "devstage/stager_options.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 #include "devstage/strategy/concept.hpp"
@@ -52,132 +42,117 @@ namespace devstage {
 
 /// Stages runs for one runner on one backend. `Stager<SimBackend> stager(sim); auto run = stager.bind(args);`
 ///
-/// Synchronous: `bind(args)` returns once the uploads are on the device; `finish(run)` once
-/// the copy-backs are in host memory. Stream-ordered: `bind(args, stream)` enqueues the
-/// uploads on the caller's stream; `finish(run, stream)` enqueues the copy-backs and returns a
-/// Completion. Each pipeline slot has its own strategy instance (its own retained buffer); a
-/// slot is reused in stream order — on the same stream with no host wait, from another stream
-/// through a stream wait — and device memory pending work may touch is freed only once that
-/// work completed.
-///
-/// The backend must outlive the stager. Not thread-safe: one runner drives it.
+/// Synchronous: `bind(args)` returns once the uploads are done, `finish(run)` once the outputs
+/// are in host memory. Stream-ordered: `bind(args, stream)` and `finish(run, stream)` enqueue
+/// them, the latter returning a Completion. Each pipeline slot has its own strategy instance;
+/// a slot is reused in stream order, and memory pending work may touch is freed once it
+/// completed. The backend must outlive the stager. Not thread-safe: one runner drives it.
 template <Backend B, class Strategy = RetainedBump<>>
-class Stager final : private detail::RunOwner, private detail::CompletionOwner {
-    static_assert(StagingStrategy<Strategy, B>,
-                  "the strategy does not model devstage::StagingStrategy for this backend");
+class Stager final : private detail::RunOwner, private detail::CompletionOwner, private detail::FrameOwner {
+    static_assert(detail::strategy_complete<Strategy, B>());
     static_assert(detail::streams_complete<B>());
+    using Core = detail::StagerCore<B, Strategy>;
+    using Slot = typename Core::Slot;
+    using Choice = Result<std::size_t>;
+    static constexpr bool mirrored = Core::mirrored;
 
 public:
-    /// The stream-ordered view of the backend: B itself, or SynchronousAdapter<B>.
-    using Async = stream_backend_t<B>;
+    using Async = stream_backend_t<B>;  ///< the stream-ordered view: B, or SynchronousAdapter<B>
     using Stream = typename Async::Stream;
-
-    /// At most this many pipeline slots.
     static constexpr std::size_t max_pipeline_slots = 256;
 
-    /// A stager of `pipeline_slots` slots (0 counts as 1). More than max_pipeline_slots, or
-    /// host memory short for them, leaves a stager with no slot whose every call returns why
-    /// (status() tells at once).
-    explicit Stager(B& backend, Strategy strategy = {}, std::size_t pipeline_slots = 1) noexcept;
+    /// A stager configured by `options` (unset ones take the strategy's defaults). Options it
+    /// cannot honour (too many slots, packing without a mirror or pinned memory, a growth rule
+    /// the strategy does not take) or host memory short for the slots leave a stager with no
+    /// slot whose every call returns why (status() tells at once).
+    explicit Stager(B& backend, Strategy strategy = {}, StagerOptions options = {}) noexcept;
+    /// `Stager(backend, strategy, slots)`: StagerOptions{.pipeline_slots = slots}.
+    Stager(B& backend, Strategy strategy, std::size_t pipeline_slots) noexcept
+        : Stager(backend, std::move(strategy), StagerOptions{.pipeline_slots = pipeline_slots}) {}
     Stager(const Stager&) = delete;
     Stager& operator=(const Stager&) = delete;
-    /// Waits for pending work, releases a live run and every retained buffer, destroys the
-    /// stager's events and stream. Failures go to the error sink.
+    /// Waits for pending work, ends runs and frames, frees everything. Failures go to the sink.
     ~Stager();
 
     // ---- the run lifecycle --------------------------------------------------------------
 
     /// Plans, grows if needed, takes device memory for every staged arg and uploads In/InOut
-    /// args; returns once they are on the device. On failure everything taken is released and
-    /// the stager is ready for the next bind. A free slot is taken, least recently used first
-    /// (busy when none is). A run whose host memory a run still in flight writes, or reads
-    /// while this one writes it, is ordered after that run (see docs/async.md); busy when that
-    /// run is live (bound, not finished) and will still write it.
+    /// args; returns once they are on the device. On failure everything taken is released. A
+    /// free slot is taken, least recently used first (busy when none is). A run sharing host
+    /// memory with a run in flight is ordered after it (docs/async.md); busy against a live one.
     Result<StagedRun> bind(std::span<const TensorArg> args) noexcept {
-        return bind_synchronously(pick_slot(args), args);
+        return bind_synchronously(select().pick(args), args);
     }
-    /// As bind(args), on the slot the caller chooses (invalid_argument out of range, busy when
-    /// it holds a live run, an unbound frame or a frame whose run's Completion is held).
+    /// As bind(args), on the slot the caller chooses (invalid_argument out of range, busy held).
     Result<StagedRun> bind_slot(std::size_t slot, std::span<const TensorArg> args) noexcept {
-        return bind_synchronously(chosen_slot(slot, args), args);
+        return bind_synchronously(select().chosen(slot, args), args);
     }
     /// Binds a frame from frame() (uploads its In/InOut bytes with one copy).
     Result<StagedRun> bind(const HostFrame& frame) noexcept {
         return bind_synchronously(frame_slot(frame), frame.args());
     }
 
-    /// Enqueues the run's uploads on `stream`: the device args are valid for work enqueued on
-    /// `stream` after this call. The host memory of In args must not change until the run's
-    /// Completion is ready.
+    /// Enqueues the uploads on `stream`: the device args are valid for work enqueued there after
+    /// this call. In args' host memory must not change until the run's Completion is ready.
     Result<StagedRun> bind(std::span<const TensorArg> args, Stream stream) noexcept {
-        return bind_on(pick_slot(args), args, stream);
+        return bind_on(select().pick(args), args, stream);
     }
     Result<StagedRun> bind_slot(std::size_t slot, std::span<const TensorArg> args, Stream stream) noexcept {
-        return bind_on(chosen_slot(slot, args), args, stream);
+        return bind_on(select().chosen(slot, args), args, stream);
     }
     Result<StagedRun> bind(const HostFrame& frame, Stream stream) noexcept {
         return bind_on(frame_slot(frame), frame.args(), stream);
     }
 
-    /// Work enqueued on `stream` after this call runs after the live `run`'s bind: its uploads
-    /// and the waits it made for earlier work on the slot's memory (an event on the bind's
-    /// stream and a stream wait; the host does not wait). Uploads on a copy stream, the kernel
-    /// on a compute stream. No-op on the bind's stream. On error the run stays live.
-    Status order_after_uploads(const StagedRun& run, Stream stream) noexcept;
+    /// Work enqueued on `stream` after this call runs after the live `run`'s bind (its uploads and
+    /// waits; the host does not wait): uploads on a copy stream, the kernel on a compute stream.
+    /// No-op on the bind's stream. On error the run stays live.
+    Status order_after_uploads(const StagedRun& run, Stream stream) noexcept {
+        if (Status valid = check_run(run, "order_after_uploads"); !valid) return valid;
+        return detail::Finisher<B, Strategy>(core_).order_after_uploads(RunOwner::slot_of(run), stream);
+    }
 
     /// Ends a run: copies back Out/InOut args when `execution` is ok, releases every lease by
-    /// its kind, and returns the first error of its own copy-backs and releases (it does not
-    /// echo `execution`). The kernel must have completed before this call. A run of another
-    /// stager, or one no longer live, is invalid_argument and is left untouched. When the
-    /// stager's own stream cannot be created, the run ends without copy-backs (its leases are
-    /// released) and that failure is returned.
+    /// its kind, and returns the first error of its own copy-backs and releases (not `execution`).
+    /// The kernel must have completed. A run of another stager, or no longer live, is
+    /// invalid_argument and left untouched. Without the stager's own stream (its creation
+    /// failed) the run ends without copy-backs and that failure is returned.
     Status finish(StagedRun&& run, const Status& execution = {}) noexcept;
 
     /// Enqueues the run's copy-backs on `stream` (after the work the caller enqueued there: its
     /// kernel), records the slot's event and returns the run's Completion; Out/InOut host data
-    /// is valid once the Completion's wait() returned ok. On another stream than the bind's,
-    /// `stream` first waits for the bind's. An error at the call (nothing could be enqueued, or
-    /// a copy-back was refused) is returned after waiting for what was enqueued.
+    /// is valid once its wait() returned ok. On another stream than the bind's, `stream` first
+    /// waits for the bind's. An error at the call (nothing could be enqueued, or a copy-back was
+    /// refused) is returned after waiting for what was enqueued; such a run's outputs are never
+    /// delivered, and its host memory is the engine's again (docs/async.md).
     Result<Completion> finish(StagedRun&& run, Stream stream, const Status& execution = {}) noexcept;
 
     // ---- inputs written in place --------------------------------------------------------
 
-    /// The pinned mirror of a slot that no pending work still reads or writes (waiting,
-    /// counted in host_waits, if none is), laid out for `shapes` with every tensor packed; the
-    /// caller writes its inputs into `host(i)`, then binds the frame (or `frame->args()`) on
-    /// that slot. The frame (its host(i) views, and the outputs copied back into them) belongs
-    /// to the caller until its run's Completion is destroyed or detached: no frame() or bind()
-    /// takes its slot before. Busy when every slot holds a live run, an unbound frame or such a
-    /// held frame; invalid_argument for no shapes. Needs a packing strategy (RetainedBump with
-    /// PackSmall).
-    Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept
-        requires(detail::pack_limit_of<Strategy>() > 0) {
-        if (shapes.empty()) {
-            return Status(Errc::invalid_argument,
-                          with_backend("stager frame: no shapes; a frame holds at least one tensor (bind an empty "
-                                       "arg list instead)"));
-        }
-        if (slots_.empty()) return broken_;
-        const std::optional<std::size_t> free = free_slot({});
-        if (!free) return busy("frame");
-        const std::size_t index = *free;
-        Slot& slot = slots_[index];
-        if (Status settled = settle_fully(index, "frame"); !settled) return settled;
-        if (Status settled = settle_mirror_users(index, "frame"); !settled) return settled;
-        Result<StagingLayout> layout = slot.plan_frame(shapes, this);
-        if (!layout) return Status(layout.status().code(), with_backend(layout.status().message()));
-        if (Status grown = grow(index, *layout); !grown) return grown;
-        const std::span<const TensorArg> args = slot.place_frame(*layout, shapes.size());
-        return HostFrame(this, index, slot.frame_generation, args);
+    /// The pinned mirror of a free slot, settled (host_waits counts a wait), laid out for `shapes`
+    /// with every tensor packed: write the inputs into `host(i)`, then bind the frame, which owns
+    /// the slot until then (see HostFrame). Busy when every slot is held; invalid_argument for
+    /// no shapes; not_supported with pack limit 0.
+    Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept requires mirrored {
+        Result<std::size_t> index = detail::Binder<B, Strategy>(core_).lay_out_frame(shapes);
+        if (!index) return index.status();
+        Slot& slot = core_.slots[*index];
+        FrameOwner::retire_frames(*index, slot.frames.generation);
+        slot.go(detail::SlotEvent::hand_out_frame);
+        return FrameOwner::make_frame(*index, slot.frames.generation, slot.frames.frame());
     }
 
     // ---- growth control and buffer ownership --------------------------------------------
 
-    /// Grows every slot's retained buffer (and mirror) to at least `bytes` now, so later runs
-    /// up to that size never move device addresses (for captured graphs), after waiting for
-    /// the slots' pending work. Busy while a run is live or a frame unbound.
-    /// A slot that fails to grow keeps what it held. Retained strategies only.
-    Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop);
+    /// Grows every slot (and mirror) to at least `bytes` now, after waiting for pending work, so
+    /// later runs up to that size never move device addresses (captured graphs). Busy while a run
+    /// is live or a frame unbound or held; a slot that fails to grow keeps what it held. Unless
+    /// busy, frames of runs that ended become inert: a grown mirror moves.
+    Status reserve(std::size_t bytes) noexcept requires(Strategy::lease_kind == ReleaseKind::BufferNoop) {
+        Status reserved = detail::Binder<B, Strategy>(core_).reserve(bytes);
+        if (reserved.code() != Errc::busy) FrameOwner::retire_all_frames();
+        return reserved;
+    }
 
     /// Takes ownership of a device buffer allocated elsewhere as slot `slot`'s retained buffer
     /// (an empty slot with no run; a later grow or release frees it).
@@ -185,266 +160,244 @@ public:
         requires(Strategy& s, B& b, void* p, std::size_t n, StagerStats& st) {
         s.adopt(b, p, n, st);
     }
-    {
-        if (slot >= slots_.size()) return out_of_range("adopt", slot);
-        if (slots_[slot].live || slots_[slot].framed || slots_[slot].held) return busy("adopt");
-        settle(slot);
-        if (Status adopted = slots_[slot].strategy.adopt(*backend_, allocation, bytes, stats_); !adopted) {
-            return adopted;
-        }
-        slots_[slot].note_base(stats_);
-        return {};
-    }
-
+    { return detail::Releaser<B, Strategy>(core_).adopt(slot, allocation, bytes); }
     /// Hands slot `slot`'s retained buffer to the caller without freeing it (after waiting for
     /// pending work that uses it); the slot is empty afterwards.
     Result<RetainedBuffer> detach(std::size_t slot) noexcept requires requires(Strategy& s, StagerStats& st) {
         s.detach(st);
     }
-    {
-        if (slot >= slots_.size()) return out_of_range("detach", slot);
-        if (slots_[slot].live || slots_[slot].framed || slots_[slot].held) return busy("detach");
-        if (Status settled = settle_fully(slot, "detach"); !settled) return settled;
-        return slots_[slot].strategy.detach(stats_);
+    { return detail::Releaser<B, Strategy>(core_).detach(slot); }
+
+    /// Gives back all device memory now, after pending work: ends live runs (no copy-back, the
+    /// handles inert), frees every buffer and mirror; frames become inert. Busy, naming the
+    /// slots, and nothing changed while a frame is unbound or held by its run's Completion. A slot
+    /// whose work cannot be waited for keeps its memory (the failure returned; retry later).
+    Status release() noexcept {
+        if (Status held = detail::Releaser<B, Strategy>(core_).frames_held(); !held) return held;
+        Status first;
+        for (std::size_t index = 0; index < core_.slots.size(); ++index) {
+            if (!core_.slots[index].bound()) continue;
+            Status ended = end_live_run(index);
+            if (first.ok()) first = std::move(ended);
+        }
+        Status freed = detail::Releaser<B, Strategy>(core_).release_memory();
+        FrameOwner::retire_all_frames();
+        return first.ok() ? freed : first;
     }
 
-    /// Gives back all device memory now: waits for pending work, releases a live run's leases
-    /// (no copy-back; its handle becomes inert), then every retained buffer. Unbound frames are
-    /// dropped. A slot whose pending work cannot be waited for keeps its memory (the failure
-    /// is returned; a later release() tries again). The stager stays usable.
-    Status release() noexcept;
-
-    /// Forgets all device memory, pending work, events and the stager's own stream without
-    /// calling the backend, for after a device reset invalidated them. Live run handles become
-    /// inert; Completions still watched resolve with backend_failure. The stager stays usable.
-    void abandon() noexcept;
+    /// Forgets all device memory, pending work, events and its stream without calling the backend
+    /// (after a device reset): runs and frames become inert, watched Completions resolve with
+    /// backend_failure. The stager stays usable.
+    void abandon() noexcept {
+        for (Slot& slot : core_.slots) unlink_handle(slot);
+        FrameOwner::retire_all_frames();
+        detail::Releaser<B, Strategy>(core_).forget();
+        resolve_all(Status(Errc::backend_failure, "stager abandon: the run's pending work was forgotten"));
+    }
 
     // ---- pageable args through a pinned ring ----------------------------------------------
 
-    /// From now on, staged args of at least `ring.threshold` bytes in pageable host memory move
-    /// through a ring of `ring.chunks` pinned chunks of `ring.chunk_bytes`, filled and emptied by
-    /// host threads (the engine's `pool` when given, else `ring.threads` threads the stager
-    /// starts once) while the copy engine drains the previous chunk. An arg's memory is pageable
-    /// when its TensorArg says so, else when the backend's `is_pinned` query (if it has one)
-    /// says it is not pinned, else it is assumed pageable. The chunks are allocated at first
-    /// use; busy while a run is live. An engine's pool is only pointed to: it must outlive this
-    /// stager (declare it first). See docs/staging.md for when it pays.
+    /// From now on, staged args of at least `ring.threshold` bytes in pageable host memory (as
+    /// TensorArg::memory says, else the backend's `is_pinned`, else assumed) move through a ring
+    /// of pinned chunks filled by host threads (`pool`, which must outlive the stager, else the
+    /// stager's own) while the copy engine drains the previous one. Busy while a run is live.
     Status set_pageable_ring(const PageableRing& ring,
                              HostCopyPool* pool = nullptr) noexcept requires PinnedHostBackend<B> {
-        if (Status cleared = clear_pageable_ring(); !cleared) return cleared;
-#if defined(__cpp_exceptions)
-        try {
-            ring_ = std::make_unique<detail::PinnedRing<B, Async>>(ring, pool);
-        } catch (...) {
-            return Status(Errc::out_of_memory, with_backend("stager: host memory for the pageable ring"));
-        }
-#else
-        ring_ = std::make_unique<detail::PinnedRing<B, Async>>(ring, pool);
-#endif
-        ring_threshold_ = std::max<std::size_t>(ring.threshold, 1);
-        return {};
+        return detail::Releaser<B, Strategy>(core_).set_ring(ring, pool);
     }
 
-    /// Stops staging through the ring and frees it (after the copies that use it completed;
-    /// chunks whose copies cannot be waited for are kept, the failure returned, until a later
-    /// clear_pageable_ring() or release() can).
+    /// Stops staging through the ring and frees it once its copies completed (chunks whose
+    /// copies cannot be waited for are kept, the failure returned).
     Status clear_pageable_ring() noexcept requires PinnedHostBackend<B> {
-        if (live_runs() > 0) return busy("set_pageable_ring");
-        ring_threshold_ = std::numeric_limits<std::size_t>::max();
-        if (!ring_) return {};
-        Status released = ring_->release(*backend_, async(), stats_);
-        if (ring_->chunks() == 0) ring_.reset();
-        return released;
+        return detail::Releaser<B, Strategy>(core_).clear_ring();
     }
 
-    // ---- outputs ------------------------------------------------------------------------
+    // ---- outputs and inspection -----------------------------------------------------------
 
-    /// What binds do with the device bytes of Out args: OutputPolicy::zero (the default) sets
-    /// them to zero on the bind's stream (StagerStats::zeroing_calls); kernel_writes_all leaves
-    /// them. Takes effect at the next bind.
-    void set_output_policy(OutputPolicy policy) noexcept {
-        outputs_ = policy;
-    }
-    OutputPolicy output_policy() const noexcept {
-        return outputs_;
-    }
+    /// What binds do with Out args' device bytes (StagerOptions::outputs), from the next bind.
+    void set_output_policy(OutputPolicy policy) noexcept { core_.outputs = policy; }
+    OutputPolicy output_policy() const noexcept { return core_.outputs; }
+    /// The pack limit and mapping the stager runs with (StagerOptions::pack_limit, map_small).
+    std::size_t pack_limit() const noexcept { return core_.pack_limit; }
+    bool maps_small() const noexcept { return core_.map_small; }
 
-    // ---- inspection ---------------------------------------------------------------------
-
-    const StagerStats& stats() const noexcept {
-        return stats_;
-    }
+    const StagerStats& stats() const noexcept { return core_.stats; }
     /// Ok, or why the stager has no slot (see the constructor).
-    const Status& status() const noexcept {
-        return broken_;
-    }
+    const Status& status() const noexcept { return core_.broken; }
     /// The strategy instance of one pipeline slot (its retained buffer, for inspection).
-    const Strategy& strategy(std::size_t slot = 0) const noexcept {
-        return slots_[slot].strategy;
-    }
-    std::size_t pipeline_slots() const noexcept {
-        return slots_.size();
-    }
-    std::size_t live_runs() const noexcept {
-        return static_cast<std::size_t>(
-            std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.live; }));
-    }
-    B& backend() const noexcept {
-        return *backend_;
-    }
-    /// Host memory the stager holds for its per-arg state (leases, device args); it grows to
-    /// the largest run and is given back by release(). (The arg lists of frames stay, so that
-    /// a stale frame is recognized.)
-    std::size_t bookkeeping_bytes() const noexcept {
-        std::size_t bytes = 0;
-        for (const Slot& slot : slots_) bytes += slot.bookkeeping_bytes();
-        return bytes;
-    }
-    /// Where failures with no caller to return to (a dropped run, an unwatched Completion, a
-    /// replaced buffer whose free failed, the destructor) are reported.
-    void set_error_sink(ErrorSink sink) noexcept {
-        sink_ = sink;
-    }
+    const Strategy& strategy(std::size_t slot = 0) const noexcept { return core_.slots[slot].strategy; }
+    std::size_t pipeline_slots() const noexcept { return core_.slots.size(); }
+    std::size_t live_runs() const noexcept { return core_.live_runs(); }
+    B& backend() const noexcept { return *core_.backend; }
+    /// Host memory for per-arg state (to the largest run; given back by release()).
+    std::size_t bookkeeping_bytes() const noexcept { return core_.bookkeeping_bytes(); }
+    /// Where failures with no caller to return to (a dropped run, an unwatched Completion) go.
+    void set_error_sink(ErrorSink sink) noexcept { core_.sink = sink; }
 
 private:
-    static constexpr std::size_t pack_limit = detail::pack_limit_of<Strategy>();
-    static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
-    static constexpr bool immediate = is_immediate_v<Async>;
-    // Retained and unpacked (the default): plan, slice and lease fused in one pass.
-    static constexpr bool fused = retained && pack_limit == 0;
+    detail::Settler<B, Strategy> settler() noexcept { return detail::Settler<B, Strategy>(core_); }
+    detail::SlotSelect<B, Strategy> select() noexcept { return detail::SlotSelect<B, Strategy>(core_); }
 
-    using Slot = detail::StagerSlot<Strategy, Async>;
-    using Moves = detail::Transfers<B, Strategy, Async>;
-
-    // A slot choice, or why there is none.
-    using SlotChoice = Result<std::size_t>;
-
-    struct NoAdapter {
-        explicit NoAdapter(B& /*backend*/) noexcept {}
-    };
-    using Adapter = std::conditional_t<AsyncBackend<B>, NoAdapter, Async>;
-    Async& async() noexcept {
-        if constexpr (AsyncBackend<B>) {
-            return *backend_;
-        } else {
-            return async_;
-        }
+    Result<StagedRun> bind_synchronously(Choice choice, std::span<const TensorArg> args) noexcept;
+    Result<StagedRun> bind_on(Choice choice, std::span<const TensorArg> args, Stream stream) noexcept;
+    Choice frame_slot(const HostFrame& frame) noexcept {
+        const bool ours = FrameOwner::ours(frame, this);
+        return select().of_frame(frame, ours, FrameOwner::slot_of(frame), FrameOwner::generation_of(frame));
+    }
+    Status check_run(const StagedRun& run, const char* what = "finish") const noexcept {
+        if (RunOwner::ours(run)) return {};
+        return detail::run_not_ours(what, RunOwner::dead(run), core_.backend->name());
+    }
+    // Ends slot `index`'s live run without a finish: its handle becomes inert.
+    Status end_live_run(std::size_t index) noexcept {
+        unlink_handle(core_.slots[index]);
+        return detail::Finisher<B, Strategy>(core_).end_run(index);
+    }
+    void unlink_handle(Slot& slot) noexcept {
+        if (slot.handle != nullptr) RunOwner::unlink(*slot.handle);
+        slot.handle = nullptr;
     }
 
-    // ---- bind -----------------------------------------------------------------------------
-    Result<StagedRun> bind_synchronously(SlotChoice choice, std::span<const TensorArg> args) noexcept;
-    Result<StagedRun> bind_and_drain(SlotChoice choice, std::span<const TensorArg> args, Stream stream) noexcept;
-    Result<StagedRun> bind_on(SlotChoice choice, std::span<const TensorArg> args, Stream stream) noexcept;
-    Result<StagedRun> bound(std::size_t index, std::size_t count, Stream stream, bool enqueued) noexcept;
-    Status failed_bind(Slot& slot, Stream stream, bool enqueued, Status failure) noexcept;
-    Status make_ready(std::size_t index, Stream stream, bool host_writes_mirror) noexcept;
-    Status grow(std::size_t index, const StagingLayout& layout, bool keep = false) noexcept;
-    Status settle_mirror_users(std::size_t index, const char* what) noexcept;
-    bool uses_range(Slot& slot, const detail::HostBox& range) noexcept;
-
-    // Runs `use(queue)` with the slot's FreeQueue: deferring while the slot has pending work.
-    struct QueueContext {
-        Stager* stager;
-        std::size_t index;
-    };
-    template <class Use>
-    Status with_queue(Slot& slot, QueueContext& context, Use&& use) noexcept {
-        if (slot.fence.pending()) {
-            FreeQueue<B> queue(*backend_, stats_, sink_, slot.deferred, &Stager::settle_for_queue, &context);
-            return use(queue);
-        }
-        FreeQueue<B> queue(*backend_, stats_, sink_);
-        return use(queue);
+    // ---- RunOwner, CompletionOwner and FrameOwner ---------------------------------------------
+    void drop_run(std::size_t slot) noexcept override {
+        core_.slots[slot].handle = nullptr;
+        detail::Finisher<B, Strategy>(core_).drop(slot);
     }
-    static Status settle_for_queue(void* context) noexcept;
-
-    // ---- host hazards between runs in flight (the rules: detail/schedule/run_order.hpp) -------------
-    Status order_after_in_flight(std::size_t index, std::span<const TensorArg> args, Stream stream,
-                                 bool frame) noexcept;
-    Status order_after(std::size_t index, std::size_t other, const detail::Conflict& conflict,
-                       std::span<const TensorArg> args, Stream stream) noexcept;
-    void new_touch(const TensorArg& arg, bool frame, detail::Touch& read, detail::Touch& write) const noexcept;
-    static void old_touch(const Slot& slot, const TensorLease& lease, detail::Touch& read,
-                          detail::Touch& write) noexcept;
-    detail::Conflict carried_conflict(const Slot& slot, std::span<const TensorArg> args, bool frame) noexcept;
-    static void carry(Slot& slot) noexcept;
-    const detail::HostBox& bind_box(std::span<const TensorArg> args) noexcept;
-    Status own_mirror(std::size_t index, std::span<const TensorArg> args) noexcept;
-
-    // ---- finish, settle, release ----------------------------------------------------------
-    Status check_run(const StagedRun& run, const char* what = "finish") const noexcept;
-    Status join_kernel_streams(Slot& slot, Stream stream) noexcept;
-    void settle(std::size_t index) noexcept;
-    Status settle_fully(std::size_t index, const char* what) noexcept;
-    Status settle_with(std::size_t index, Status status) noexcept;
-    Status settle_predecessors(std::size_t index) noexcept;
-    void resolve_settled(std::size_t index, const Status& status) noexcept;
-    Status release_leases(Slot& slot) noexcept;
-    Status end_live_run(Slot& slot) noexcept;
-    void unlink_handle(Slot& slot) noexcept;
-
-    // ---- RunOwner and CompletionOwner ------------------------------------------------------
-    void drop_run(std::size_t slot) noexcept override;
-    void relink_run(std::size_t slot, StagedRun* handle) noexcept override;
-    Status settle_completion(Completion& completion) noexcept override;
-    Result<bool> poll_completion(Completion& completion) noexcept override;
-    void settle_unwatched(std::size_t slot, std::uint64_t generation) noexcept override;
-    void release_hold(std::size_t slot, std::uint64_t generation) noexcept override;
-    static std::size_t completion_slot(const Completion& completion) noexcept {
-        return slot_of(completion);
+    void relink_run(std::size_t slot, StagedRun* handle) noexcept override { core_.slots[slot].handle = handle; }
+    Status settle_completion(Completion& completion) noexcept override {
+        return settler().settle_fully(CompletionOwner::slot_of(completion), "wait");
     }
-
-    // ---- slot choice (detail/stager/order.hpp) ------------------------------------------------
-    std::optional<std::size_t> free_slot(std::span<const TensorArg> args) noexcept;
-    SlotChoice pick_slot(std::span<const TensorArg> args) noexcept;
-    SlotChoice chosen_slot(std::size_t index, std::span<const TensorArg> args) noexcept;
-    SlotChoice frame_slot(const HostFrame& frame) noexcept;
-    std::optional<SlotChoice> framed_slot(std::span<const TensorArg> args) noexcept;
-
-    // ---- helpers -----------------------------------------------------------------------------
-    Result<Stream> synchronous_stream() noexcept;
-
-    Moves moves() noexcept {
-        if constexpr (PinnedHostBackend<B>) {
-            return Moves(*backend_, async(), stats_, ring_.get(), ring_threshold_);
-        } else {
-            return Moves(*backend_, async(), stats_, nullptr, ring_threshold_);
-        }
+    Result<bool> poll_completion(Completion& completion) noexcept override {
+        return settler().poll(CompletionOwner::slot_of(completion));
     }
-    std::string with_backend(std::string_view message) const {
-        return detail::on_backend(message, backend_->name());
+    void settle_unwatched(std::size_t slot, std::uint64_t gen) noexcept override {
+        settler().settle_through(slot, gen);
     }
-    Status busy(const char* what) const noexcept {
-        return detail::all_slots_busy(what, slots_.size(), backend_->name());
-    }
-    Status out_of_range(const char* what, std::size_t slot) const noexcept {
-        return detail::slot_out_of_range(what, slot, slots_.size(), backend_->name());
-    }
+    void release_hold(std::size_t slot, std::uint64_t gen) noexcept override { core_.slots[slot].end_hold(gen); }
+    void drop_frame(std::size_t slot, std::uint64_t gen) noexcept override { core_.slots[slot].drop_frame(gen); }
 
-    struct NoRing {
-        explicit operator bool() const noexcept { return false; }
-    };
-    using Ring = std::conditional_t<PinnedHostBackend<B>, std::unique_ptr<detail::PinnedRing<B, Async>>, NoRing>;
-
-    B* backend_;
-    [[no_unique_address]] Adapter async_;
-    Ring ring_{};
-    std::size_t ring_threshold_ = std::numeric_limits<std::size_t>::max();  // max: no ring
-    std::vector<Slot> slots_;
-    StagerStats stats_;
-    ErrorSink sink_;
-    std::optional<Stream> own_stream_;
-    std::uint64_t ticks_ = 0;
-    Status broken_;  // why the stager has no slot
-    detail::HostBox bind_box_;
-    bool bind_box_ready_ = false;
-    OutputPolicy outputs_ = OutputPolicy::zero;
+    Core core_;
 };
 
-}  // namespace devstage
+// ---- construction and destruction ------------------------------------------------------------
 
-#include "devstage/detail/stager/bind.hpp"    // IWYU pragma: export
-#include "devstage/detail/stager/order.hpp"   // IWYU pragma: export
-#include "devstage/detail/stager/settle.hpp"  // IWYU pragma: export
+template <Backend B, class Strategy>  // the options checked and taken, the slots made
+Stager<B, Strategy>::Stager(B& backend, Strategy strategy, StagerOptions options) noexcept : core_(backend) {
+    core_.completions = this;
+    core_.configure(options, std::move(strategy), max_pipeline_slots);
+}
+
+template <Backend B, class Strategy>
+Stager<B, Strategy>::~Stager() {
+    for (Slot& slot : core_.slots) slot.end_frames();  // frames end with the stager: inert
+    FrameOwner::retire_all_frames();
+    if (Status status = release(); !status) core_.sink(status);
+    resolve_all(detail::Releaser<B, Strategy>(core_).close());  // runs still pending end unsettled
+}
+
+// ---- bind ------------------------------------------------------------------------------------
+
+// A synchronous bind: the slot (or why none), the stager's own stream, then the host waits.
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bind_synchronously(Choice choice, std::span<const TensorArg> args) noexcept {
+    if (!choice) return choice.status();
+    Result<Stream> stream = core_.synchronous_stream();
+    if (!stream) return stream.status();
+    Result<StagedRun> run = bind_on(std::move(choice), args, *stream);
+    if (!run || Core::immediate) return run;
+    if (Status drained = detail::Binder<B, Strategy>(core_).drain(RunOwner::slot_of(*run), *stream); !drained) {
+        run = drained;  // the run, dropped, ends
+    }
+    return run;
+}
+
+// The run lifecycle's first half: the slot made ready on `stream` (ordered after its pending
+// work), its earlier run carried, the run staged (planned, ordered after the runs in flight it
+// shares host memory with, the slot grown, slices taken, uploads enqueued, Outs zeroed), then
+// live: uploading until the host waits for its uploads (or live at once, with none pending).
+template <Backend B, class Strategy>
+Result<StagedRun> Stager<B, Strategy>::bind_on(Choice choice, std::span<const TensorArg> args, Stream stream) noexcept {
+    if (!choice) return choice.status();
+    if (Status checked = detail::check_stream(*core_.backend, stream, "bind"); !checked) return checked;
+    const std::size_t index = *choice;
+    Slot& slot = core_.slots[index];
+    const bool frame = slot.state == detail::SlotState::framed && slot.frames.is(args);
+    detail::Binder<B, Strategy> binder(core_);
+    if (Status ready = binder.make_ready(index, stream, frame || core_.pack_limit > 0); !ready) return ready;
+    if (Status sized = slot.run.size_for(args.size()); !sized) return sized;
+    if (core_.slots.size() > 1 || core_.pack_limit > 0 || core_.ring) detail::Hazards<B, Strategy>(core_).carry(slot);
+    if (mirrored && core_.pack_limit > 0) FrameOwner::retire_frames(index, frame ? slot.frames.generation : 0);
+    bool enqueued = false;
+    if (Status staged = binder.stage(index, args, stream, frame, enqueued); !staged) {
+        slot.run.lease_count = 0;  // nothing of it is held: the leases describe no run
+        return staged;             // a frame stays unbound, to bind again
+    }
+    slot.go(frame ? detail::SlotEvent::bind_frame : detail::SlotEvent::bind);
+    if (!enqueued || detail::streams_immediate(core_.async())) slot.go(detail::SlotEvent::uploads_done);
+    if (core_.map_small && slot.mapped()) ++core_.stats.mapped_runs;
+    slot.bind_stream = stream;
+    slot.kernel_stream_count = 0;
+    slot.bound_at = ++core_.ticks;
+    ++core_.stats.runs;
+    core_.stats.high_water_bytes =
+        std::max<std::uint64_t>(core_.stats.high_water_bytes, slot.run.layout.required_bytes);
+    return RunOwner::make_run(index, {slot.run.device_args.data(), args.size()}, slot.run.leases());
+}
+
+// ---- finish ----------------------------------------------------------------------------------
+
+template <Backend B, class Strategy>
+Status Stager<B, Strategy>::finish(StagedRun&& run, const Status& execution) noexcept {
+    if (Status valid = check_run(run); !valid) return valid;
+    Result<Stream> stream = core_.synchronous_stream();
+    if (!stream) {  // the run ends, without copy-backs
+        const std::size_t index = RunOwner::slot_of(run);
+        if (Status ended = end_live_run(index); !ended) core_.sink(ended);
+        settler().settle(index);
+        return stream.status();
+    }
+    Result<Completion> done = finish(std::move(run), *stream, execution);
+    if (!done) return done.status();
+    return done->wait();
+}
+
+// The run lifecycle's second half: ordered after the bind (and its kernels' streams), the
+// copy-backs enqueued, the slot's event recorded, then the slot's next state — a failed
+// finish drops its outputs, a frame's run holds its frame, packed outputs wait for delivery —
+// the Completion linked before the leases go back (a release that waits settles this run).
+template <Backend B, class Strategy>
+Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, const Status& execution) noexcept {
+    if (Status valid = check_run(run); !valid) return valid;
+    if (Status checked = detail::check_stream(*core_.backend, stream, "finish"); !checked) return checked;
+    const std::size_t index = RunOwner::slot_of(run);
+    Slot& slot = core_.slots[index];
+    detail::Finisher<B, Strategy> finisher(core_);
+    Stream fenced = stream;
+    Status first = finisher.order_after_bind(index, stream, fenced);
+    const bool deliver = finisher.copy_backs(index, stream, execution, first);
+    if (Status recorded = slot.fence.record(core_.async(), fenced); !recorded && first.ok()) first = recorded;
+    ++slot.generation;
+    const bool frame = slot.run.frame();
+    slot.go(!first.ok() ? detail::SlotEvent::finish_failed
+            : frame     ? detail::SlotEvent::finish_frame
+            : deliver   ? detail::SlotEvent::finish_delivering
+                        : detail::SlotEvent::finish);
+    Completion completion;
+    if (first.ok()) {
+        link(completion, index, slot.generation, frame);  // a frame's run holds the frame
+        slot.held_generation = slot.generation;
+    }
+    Status released = finisher.release_leases(index);
+    unlink_handle(slot);
+    if (!first.ok() || !released.ok()) {
+        settler().settle(index);  // what was enqueued completes before the error is returned
+        if (!first.ok()) return first;
+        if (Status work = completion.wait(); !work) core_.sink(work);  // the run's own failure, too
+        return released;
+    }
+    return completion;
+}
+
+}  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

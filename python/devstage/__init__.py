@@ -16,42 +16,47 @@ inputs straight into pinned memory that NumPy and PyTorch view without a copy.
 
 See docs/python.md.
 """
+from typing import Any, Optional
+
 from .args import IN, IN_OUT, OUT, Arg, Device, In, InOut, Out, TensorShape
 from .backend import Backend, Event, Stream
 from .devices import backends, stagers
 from .errors import (BackendFailure, Busy, Error, HostFunctionError, InvalidArgument, Leaked, LibraryNotFound,
                      NotSupported, OutOfMemory, UnknownPointer)
-from .frames import Frame, HostView
+from .completion import Completion
+from .frames import Frame, HostView, Layout
 from .pinned import Pinned, PinnedBuffer, PinnedPool
-from .staging import Completion, DeviceTensor, Run, Stager
+from .run import DeviceTensor, Run
+from .stager import Stager
 
 __version__ = "0.1.0"
 
 
-def sim(device_capacity=0, device=0, host_of=None):
+def sim(device_capacity: int = 0, device: int = 0, host_of: Optional[Backend] = None) -> Backend:
     """The simulator (Backend.simulator): device `device`, of its own simulated host or of
     host_of's."""
     return Backend.simulator(device_capacity, device, host_of)
 
 
-def cuda(device=0, library_path=None):
-    """CUDA device `device` (Backend.cuda)."""
+def cuda(device: int = 0, library_path: Optional[str] = None) -> Backend:
+    """CUDA device `device` (Backend.cuda). NotSupported saying so where no GPU is usable (no
+    driver, or no device); LibraryNotFound where the CUDA runtime is not installed."""
     return Backend.cuda(device, library_path)
 
 
-def ascend(device=0, library_path=None):
+def ascend(device: int = 0, library_path: Optional[str] = None) -> Backend:
     """Ascend device `device` (Backend.ascend)."""
     return Backend.ascend(device, library_path)
 
 
-def callbacks(**callbacks_and_options):
+def callbacks(**callbacks_and_options: Any) -> Backend:
     """A backend over a runtime's callbacks (Backend.from_callbacks)."""
     return Backend.from_callbacks(**callbacks_and_options)
 
 
 __all__ = [
-    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame", "HostFunctionError", "HostView",
-    "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Leaked", "LibraryNotFound", "NotSupported", "OUT", "Out",
-    "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run", "Stager", "Stream", "TensorShape", "UnknownPointer",
-    "ascend", "backends", "callbacks", "cuda", "sim", "stagers",
+    "Arg", "Backend", "BackendFailure", "Busy", "Completion", "Device", "DeviceTensor", "Error", "Event", "Frame",
+    "HostFunctionError", "HostView", "IN", "IN_OUT", "In", "InOut", "InvalidArgument", "Layout", "Leaked",
+    "LibraryNotFound", "NotSupported", "OUT", "Out", "OutOfMemory", "Pinned", "PinnedBuffer", "PinnedPool", "Run",
+    "Stager", "Stream", "TensorShape", "UnknownPointer", "ascend", "backends", "callbacks", "cuda", "sim", "stagers",
 ]

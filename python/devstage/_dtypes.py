@@ -24,6 +24,11 @@ _BY_FORMAT = {"b": "int8", "B": "uint8", "c": "uint8", "h": "int16", "H": "uint1
               "d": "float64", "?": "bool"}
 
 
+# name -> the buffer-protocol format characters of its elements, native size (a frame's checked
+# write compares them, with the element size).
+FORMAT_CHARS = {name: "".join(fmt for fmt, named in _BY_FORMAT.items() if named == name).encode() for name in DTYPES}
+
+
 def dtype_name(dtype):
     """The name of a dtype given as a string, a NumPy dtype or scalar type, or a torch.dtype."""
     if isinstance(dtype, str):

@@ -11,6 +11,9 @@ import ctypes
 import ctypes.util
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p)
+from typing import Optional
+
+from . import errors
 
 handle_p = c_void_p
 
@@ -60,7 +63,7 @@ class StagerConfig(Structure):
         ("strategy", c_int), ("pack_limit", c_size_t), ("pipeline_slots", c_size_t),
         ("growth", c_int), ("growth_numerator", c_uint32), ("growth_denominator", c_uint32),
         ("growth_granule", c_size_t), ("growth_cap", c_size_t), ("grow_order", c_int),
-        ("output_policy", c_int),
+        ("output_policy", c_int), ("map_small", c_int),
     ]
 
 
@@ -155,6 +158,8 @@ _PROTOTYPES = {
     "devstage_completion_destroy": (_S, [handle_p]),
     "devstage_frame_create": (_S, [handle_p, POINTER(TensorShape), c_size_t, POINTER(handle_p)]),
     "devstage_frame_host": (_S, [handle_p, c_size_t, POINTER(c_void_p), POINTER(c_size_t)]),
+    "devstage_frame_hosts": (_S, [handle_p, POINTER(c_void_p), POINTER(c_size_t), c_size_t]),
+    "devstage_frame_slot": (_S, [handle_p, POINTER(c_size_t)]),
     "devstage_bind_frame": (_S, [handle_p, handle_p, POINTER(handle_p)]),
     "devstage_bind_frame_on": (_S, [handle_p, handle_p, c_void_p, POINTER(handle_p)]),
     "devstage_frame_destroy": (_S, [handle_p]),
@@ -202,8 +207,7 @@ class _Missing:
         self.name, self.path = name, path
 
     def __call__(self, *args):
-        from .errors import LibraryNotFound
-        raise LibraryNotFound("library_not_found", f"devstage: the libdevstage_c loaded from {self.path} has no "
+        raise errors.LibraryNotFound("library_not_found", f"devstage: the libdevstage_c loaded from {self.path} has no "
                               f"{self.name}: it is older than this Python package; install both from one devstage "
                               "(pip install ., or ./dev install), or set DEVSTAGE_C_LIBRARY to a matching library")
 
@@ -226,8 +230,7 @@ def _load():
             f.argtypes = argtypes
         library.devstage_path = path
         return library
-    from .errors import LibraryNotFound
-    raise LibraryNotFound(
+    raise errors.LibraryNotFound(
         "library_not_found",
         "devstage: libdevstage_c could not be loaded; tried " + "; ".join(tried) + ". Install the package with pip "
         "(pip install . from a devstage checkout: the library is then inside it), or point DEVSTAGE_C_LIBRARY at the "
@@ -236,3 +239,29 @@ def _load():
 
 
 lib = _load()
+
+
+def message_of(call: Optional[str]) -> str:
+    """This thread's last message, in Python's terms: the C function it starts with
+    ("devstage_bind: ...") is replaced by the Python call that made it ("devstage Stager.bind:
+    ..."). Take it right after the call, on the same thread."""
+    message = lib.devstage_last_message().decode(errors="replace")
+    if call is None:
+        return message
+    if message.startswith("devstage_"):
+        colon = message.find(": ")
+        if colon > 0 and " " not in message[:colon]:
+            message = message[colon + 2:]
+    return f"{call}: {message}" if call.startswith("devstage") else f"devstage {call}: {message}"
+
+
+def error_of(status: int, call: Optional[str] = None) -> errors.Error:
+    """The exception of a devstage_status that is not DEVSTAGE_OK, with this thread's last message
+    (see message_of)."""
+    return errors.make(status, message_of(call))
+
+
+def check(status: int, call: Optional[str] = None) -> None:
+    """Raises the exception of a devstage_status that is not DEVSTAGE_OK."""
+    if status != 0:
+        raise error_of(status, call)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A run's args (In, Out, InOut, Device) and a frame's shapes (TensorShape), and their C form."""
+import ctypes
 import math
 
 from . import _dlpack, _dtypes, _host, _lib
@@ -67,7 +68,7 @@ class TensorShape:
     direction; `device`, an address (or a device tensor), makes it a device-resident tensor
     passed through at its position, with no space in the frame."""
 
-    __slots__ = ("shape", "dtype", "direction", "device", "nbytes")
+    __slots__ = ("shape", "dtype", "direction", "device", "nbytes", "_key", "_hash", "_chars", "_itemsize")
 
     def __init__(self, shape, dtype="uint8", direction=IN, device=None):
         self.shape = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
@@ -76,7 +77,19 @@ class TensorShape:
         self.dtype = _dtypes.dtype_name(dtype)
         self.direction = direction_of(direction)
         self.device = device
-        self.nbytes = math.prod(self.shape) * _dtypes.itemsize(self.dtype)
+        self._itemsize = _dtypes.itemsize(self.dtype)
+        self._chars = _dtypes.FORMAT_CHARS[self.dtype]  # what a checked write takes, with the item size
+        self.nbytes = math.prod(self.shape) * self._itemsize
+        # Equal shapes lay a frame out alike (a device tensor: the same object, which this holds).
+        where = device if device is None or isinstance(device, int) else ("tensor", id(device))
+        self._key = (self.shape, self.dtype, self.direction, where)
+        self._hash = hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorShape) and self._key == other._key
+
+    def __hash__(self):
+        return self._hash
 
     def __repr__(self):
         where = "" if self.device is None else ", device"
@@ -87,11 +100,12 @@ class Staged:
     """What a bind needs of its args: the C table, and per arg the Memory that keeps it valid
     (None for a Device arg), its shape, dtype and direction."""
 
-    __slots__ = ("table", "memories", "shapes", "dtypes", "directions", "count")
+    __slots__ = ("table", "address", "memories", "tensor_shapes", "dtypes", "directions", "nbytes", "count")
 
     def __init__(self, count):
         self.table = (_lib.TensorArg * max(count, 1))()
-        self.memories, self.shapes, self.dtypes, self.directions = [], [], [], []
+        self.address = ctypes.addressof(self.table)
+        self.memories, self.tensor_shapes, self.dtypes, self.directions, self.nbytes = [], [], [], [], []
         self.count = count
 
     def close(self):
@@ -154,9 +168,10 @@ def stage_args(args, backend):
                 else:
                     placement = _HOST
                 staged.table[i] = _lib.TensorArg(memory.address or None, memory.nbytes, arg.direction, placement)
-            staged.shapes.append(shape)
+            staged.tensor_shapes.append(shape)
             staged.dtypes.append(dtype)
             staged.directions.append(arg.direction)
+            staged.nbytes.append(staged.table[i].bytes)
     except BaseException:
         staged.close()
         raise
@@ -164,26 +179,32 @@ def stage_args(args, backend):
 
 
 def frame_shapes(shapes, backend):
-    """The C form of a frame's TensorShapes, and the device memories of device-resident ones."""
+    """The C form of a frame's TensorShapes, and the device memories of device-resident ones (on
+    failure here, those taken are released)."""
     if not shapes:
         raise ValueError("devstage: a frame holds at least one tensor (bind an empty arg list instead)")
     table = (_lib.TensorShape * len(shapes))()
     keep = []
-    for i, shape in enumerate(shapes):
-        if not isinstance(shape, TensorShape):
-            raise TypeError(f"devstage: shape {i} is {type(shape).__name__}; describe it as TensorShape(shape, dtype, "
-                            "direction)")
-        device = None
-        if shape.device is not None:
-            if isinstance(shape.device, int):
-                device = shape.device
-            else:
-                memory = _host.memory_of(shape.device, writable=shape.direction != IN)
-                keep.append(memory)
-                if memory.device is None:
-                    raise ValueError(f"devstage: shape {i}'s device tensor is host memory; a frame's device tensor "
-                                     "is device memory")
-                _check_device(i, memory, backend)
-                device = memory.address
-        table[i] = _lib.TensorShape(shape.nbytes, shape.direction, device)
+    try:
+        for i, shape in enumerate(shapes):
+            if not isinstance(shape, TensorShape):
+                raise TypeError(f"devstage: shape {i} is {type(shape).__name__}; describe it as TensorShape(shape, "
+                                "dtype, direction)")
+            device = None
+            if shape.device is not None:
+                if isinstance(shape.device, int):
+                    device = shape.device
+                else:
+                    memory = _host.memory_of(shape.device, writable=shape.direction != IN)
+                    keep.append(memory)
+                    if memory.device is None:
+                        raise ValueError(f"devstage: shape {i}'s device tensor is host memory; a frame's device "
+                                         "tensor is device memory")
+                    _check_device(i, memory, backend)
+                    device = memory.address
+            table[i] = _lib.TensorShape(shape.nbytes, shape.direction, device)
+    except BaseException:
+        for memory in keep:
+            memory.close()
+        raise
     return table, keep

@@ -8,7 +8,7 @@ turn, or give each thread its device's stager. Give each stager only its own dev
 (another device's is refused, naming both)."""
 from .backend import Backend
 from .errors import InvalidArgument
-from .staging import Stager
+from .stager import Stager
 
 _KINDS = ("sim", "cuda", "ascend")
 

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""devstage's failures as Python exceptions: one class per status code, each carrying the
-library's message (which operation, which sizes, which backend)."""
+"""devstage's failures as Python exceptions: one class per status code of the C interface, each
+carrying its message (which call, which sizes, which backend). A leaf: it imports nothing of the
+package, so every module may raise these."""
+from typing import Optional, Type
 
 
 class Error(Exception):
-    """A devstage call that did not return DEVSTAGE_OK. `status` is the code's name
-    ("busy", "out_of_memory", ...); str(error) is the library's message."""
+    """A devstage call that failed. `status` is the code's name ("busy", "out_of_memory", ...);
+    str(error) is the message."""
 
-    def __init__(self, status, message):
+    def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
         self.status = status
 
@@ -21,7 +23,8 @@ class InvalidArgument(Error, ValueError):
 
 
 class Busy(Error):
-    """In use by a live run, or every pipeline slot is held."""
+    """In use: every pipeline slot is held, a run or stream is in use, or memory the engine still
+    views would be freed. The message names what holds it."""
 
 
 class BackendFailure(Error):
@@ -29,8 +32,8 @@ class BackendFailure(Error):
 
 
 class HostFunctionError(BackendFailure):
-    """A Python host function (launch_host_function) raised; reported by the next wait() or
-    synchronize() of its stream."""
+    """A Python host function (launch_host_function) raised; reported by the wait() of the run it
+    was launched for, or by the synchronize() of its stream."""
 
 
 class UnknownPointer(Error, ValueError):
@@ -49,22 +52,30 @@ class Leaked(Error):
     """Memory was still held when its owner went away (it was freed then)."""
 
 
-# Index: devstage_status value.
-_BY_CODE = (None, OutOfMemory, InvalidArgument, Busy, BackendFailure, UnknownPointer, NotSupported,
-            LibraryNotFound, Leaked)
+# Index: devstage_status value (devstage_status_name's names, and each code's class).
+STATUS_NAMES = ("ok", "out_of_memory", "invalid_argument", "busy", "backend_failure", "unknown_pointer",
+                "not_supported", "library_not_found", "leaked")
+_CLASSES = (Error, OutOfMemory, InvalidArgument, Busy, BackendFailure, UnknownPointer, NotSupported, LibraryNotFound,
+            Leaked)
 
 
-def error_of(status):
-    """The exception of a devstage_status that is not DEVSTAGE_OK, with this thread's last
-    message (take it right after the call, on the same thread)."""
-    from ._lib import lib
-    message = lib.devstage_last_message().decode(errors="replace")
-    name = lib.devstage_status_name(status).decode()
-    cls = _BY_CODE[status] if 0 < status < len(_BY_CODE) else Error
-    return cls(name, message)
+def error_class(status: int) -> Type[Error]:
+    """The exception class of a devstage_status value (Error for a value outside the list)."""
+    return _CLASSES[status] if 0 < status < len(_CLASSES) else Error
 
 
-def check(status):
-    """Raises the exception of a devstage_status that is not DEVSTAGE_OK."""
-    if status != 0:
-        raise error_of(status)
+def status_name(status: int) -> str:
+    return STATUS_NAMES[status] if 0 <= status < len(STATUS_NAMES) else "unknown"
+
+
+def make(status: int, message: str, cls: Optional[Type[Error]] = None) -> Error:
+    """The exception of a devstage_status that is not DEVSTAGE_OK, with `message`."""
+    return (cls or error_class(status))(status_name(status), message)
+
+
+def busy(message: str) -> Busy:
+    return Busy("busy", message)
+
+
+def invalid(message: str) -> InvalidArgument:
+    return InvalidArgument("invalid_argument", message)

@@ -10,7 +10,7 @@ from . import _dtypes, _host, _lib
 from ._dtypes import dtype_name
 from ._lib import lib
 from .backend import Stream
-from .errors import check
+from ._lib import check
 
 
 class _PoolHandle:

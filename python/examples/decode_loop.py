@@ -9,11 +9,14 @@ device, and writes the logits (float32 [B, V]); the engine samples the next toke
 
 With devstage the inputs are written in place into a frame (the stager's pinned mirror), bound
 with one upload, and the logits come back with one copy; the weights are device-resident
-tensors of the frame, passed through. On the simulator the model is a Python host function
-enqueued on the stager's stream, reading the staged memory as NumPy arrays (DLPack kDLCPU); on
-CUDA it is torch on torch's current stream, reading torch.from_dlpack of the staged args, and the
-same loop written with plain torch (pin_memory() and .to('cuda', non_blocking=True)) runs beside
-it, both timed. Every step's logits are checked against a host reference (bit for bit on the
+tensors of the frame, passed through. The loop is the steady-state path: the frame's layout is
+made once, and each pipeline slot's NumPy views of the frame and tensors of the staged args are
+made the first time the slot is used and reused after (nothing rebuilt per step). On the
+simulator the model is a Python host function enqueued on the stager's stream, reading the
+staged memory as NumPy arrays (Run.arrays(), DLPack kDLCPU); on CUDA it is torch on torch's
+current stream, reading the staged args as torch tensors (Run.tensors()), and the same loop
+written with plain torch (pin_memory() and .to('cuda', non_blocking=True)) runs beside it, both
+timed. Every step's logits are checked against a host reference (bit for bit on the
 simulator) and the run ends with PASS or FAIL (exit status 1).
 
     python3 python/examples/decode_loop.py                       # the simulator
@@ -118,20 +121,21 @@ def run_sim(args, embedding, weights):
     backend.copy_to_device(weights_device, weights.ctypes.data, weights.nbytes)
     stager = devstage.Stager(backend, pack_limit=16384, pipeline_slots=2)
     stream = backend.create_stream()
+    layout = stager.layout(shapes_of(args, embedding_device, weights_device))  # made once
     reference = Requests(args.batch, args.max_blocks, args.vocab, np.random.default_rng(7))
     engine = Requests(args.batch, args.max_blocks, args.vocab, np.random.default_rng(7))
     failures = 0
     start = time.perf_counter()
     for step in range(args.steps):
-        frame = stager.frame(shapes_of(args, embedding_device, weights_device))
-        engine.write([np.asarray(frame[i]) for i in range(6)])
+        frame = stager.frame(layout)
+        engine.write(frame.arrays[:6])
         run = stager.bind(frame, stream=stream)
-        device = [np.asarray(t) for t in run.device_args]  # the staged memory (kDLCPU), ordered on `stream`
+        device = run.arrays()  # the staged memory (kDLCPU), ordered on `stream`; made once per slot
         backend.launch_host_function(stream, lambda device=device: model_numpy(*device))
         del device
         done = stager.finish(run, stream=stream)
         done.wait()
-        logits = np.asarray(frame[8])
+        logits = frame.arrays[8]
         expected = np.empty((args.batch, args.vocab), np.float32)
         model_numpy(reference.tokens, reference.positions, reference.block_table, reference.slot_mapping(),
                     reference.temperature, reference.top_p, embedding, weights, expected)
@@ -151,7 +155,7 @@ def run_sim(args, embedding, weights):
         print(backend.callback_errors[0])
         failures += 1
     stream.close()
-    del stager
+    stager.close()
     backend.device_free(embedding_device)
     backend.device_free(weights_device)
     return failures
@@ -180,20 +184,20 @@ def run_cuda(args, embedding, weights):
     engine = Requests(args.batch, args.max_blocks, args.vocab, np.random.default_rng(7))
     plain = Requests(args.batch, args.max_blocks, args.vocab, np.random.default_rng(7))
     failures = 0
-    shapes = shapes_of(args, e, w)
+    layout = stager.layout(shapes_of(args, e, w))
     times = {"devstage": 0.0, "torch": 0.0}
     logits_plain = torch.empty((args.batch, args.vocab), dtype=torch.float32).pin_memory()
     for step in range(args.steps):
         start = time.perf_counter()
-        frame = stager.frame(shapes)
-        engine.write([np.asarray(frame[i]) for i in range(6)])
+        frame = stager.frame(layout)
+        engine.write(frame.arrays[:6])
         run = stager.bind(frame, stream=stream)
-        tensors = [torch.from_dlpack(t) for t in run.device_args]
+        tensors = run.tensors()  # torch tensors of the staged args, made once per slot
         model_torch(*tensors[:6], tensors[8])
         del tensors
         done = stager.finish(run, stream=stream)
         done.wait()
-        logits = np.asarray(frame[8]).copy()
+        logits = frame.arrays[8].copy()
         done.close()
         times["devstage"] += time.perf_counter() - start
 

@@ -241,6 +241,19 @@ def ascend_standin():
     return devstage.ascend(0, path), ctypes.CDLL(path)
 
 
+IMPLEMENTATIONS = ["native", "ctypes"] if devstage._calls.native is not None else ["ctypes"]  # pylint: disable=protected-access
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def calls(request):
+    """Each way the package makes its C calls (devstage._native where it is built, and ctypes), in
+    turn; the one in use is put back after."""
+    before = devstage._calls.IMPLEMENTATION  # pylint: disable=protected-access
+    devstage._calls.select(request.param)  # pylint: disable=protected-access
+    yield request.param
+    devstage._calls.select(before)  # pylint: disable=protected-access
+
+
 def torch_or_skip():
     return pytest.importorskip("torch", reason="python3-torch is not installed: the PyTorch cases are skipped")
 

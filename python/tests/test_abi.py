@@ -45,3 +45,13 @@ def test_every_function_has_a_prototype():
     assert declared, "no function found in the header"
     assert sorted(declared - set(_lib._PROTOTYPES)) == []  # pylint: disable=protected-access
     assert sorted(set(_lib._PROTOTYPES) - declared) == []  # pylint: disable=protected-access
+
+
+def test_the_step_calls_name_functions_of_the_header():
+    """The compiled calls take the library's functions by name: each is declared in the header,
+    and the compiled module offers every call the ctypes one does."""
+    from devstage import _calls  # pylint: disable=import-outside-toplevel
+    declared = set(re.findall(r"DEVSTAGE_C_API\s+[\w\s\*]+?\b(devstage_\w+)\s*\(", header()))
+    assert sorted(set(_calls._c) - declared) == []  # pylint: disable=protected-access
+    if _calls.native is not None:
+        assert [name for name in _calls._CTYPES if not hasattr(_calls.native, name)] == []  # pylint: disable=protected-access

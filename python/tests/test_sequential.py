@@ -4,7 +4,8 @@ streams, Python kernels enqueued as host functions, finishes on random streams, 
 closes in random order, the engine rewriting buffers no run in flight uses — compared byte for
 byte with the same program run one call at a time, synchronously, in call order. Over the
 simulator, a slow user-style backend (Python stream callbacks that run their work late) and the
-CUDA stand-in. With a fault injected, the failing call raises and nothing leaks."""
+CUDA stand-in, with the package's C calls made each way (devstage._native and ctypes). With a fault
+injected, the failing call raises and nothing leaks."""
 import ctypes
 import gc
 import os
@@ -221,7 +222,7 @@ def backends():
 
 @pytest.mark.parametrize("name,make", list(backends()), ids=[name for name, _ in backends()])
 @pytest.mark.parametrize("pack_limit,slots", [(0, 1), (0, 2), (4096, 2), (16384, 3)])
-def test_random_programs_equal_their_synchronous_run(name, make, pack_limit, slots):
+def test_random_programs_equal_their_synchronous_run(name, make, pack_limit, slots, calls):  # pylint: disable=unused-argument
     for seed in range(PROGRAMS):
         backend = make(seed)
         Program(backend, seed * 7919 + slots, pack_limit, slots, streams=2 if backend.has_streams else 1).run()

@@ -88,16 +88,16 @@ def test_device_args_pass_through(sim):
 def test_the_librarys_errors_are_exceptions_with_its_messages(sim, host_device):
     np = numpy_or_skip()
     with pytest.raises(devstage.InvalidArgument) as caught:
-        devstage.Stager(sim, pack_limit=1000)
+        devstage.Stager(sim, strategy="per_tensor", pack_limit=1000)
     assert caught.value.status == "invalid_argument"
-    assert "pack_limit 1000 is not 0, 4096, 16384 or 65536" in str(caught.value)
+    assert "pack_limit 1000 needs the retained strategy" in str(caught.value)
     assert "backend 'sim'" in str(caught.value)
     assert isinstance(caught.value, ValueError)
     # Every configuration error at once: the package's and the library's.
     with pytest.raises(devstage.Error) as caught:
-        devstage.Stager(host_device.backend(), pack_limit=1000, strategy="fastest", growth_cap=-1)
+        devstage.Stager(host_device.backend(), pipeline_slots=300, strategy="fastest", growth_cap=-1)
     message = str(caught.value)
-    assert "strategy 'fastest'" in message and "growth_cap -1" in message and "pack_limit 1000" in message
+    assert "strategy 'fastest'" in message and "growth_cap -1" in message and "300 pipeline slots" in message
     with pytest.raises(devstage.Error) as caught:
         devstage.Stager(devstage.Backend.from_callbacks(device_malloc=host_device.device_malloc,
                                                         device_free=host_device.device_free,

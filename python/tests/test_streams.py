@@ -4,6 +4,7 @@ handle) and never destroyed by devstage; a stream of another backend refused, na
 host functions on a stream, in stream order."""
 import ctypes
 import gc
+import os
 import threading
 
 import pytest
@@ -73,7 +74,7 @@ def test_a_stream_of_another_backend_is_refused_naming_both():
         from devstage._lib import lib, TensorArg  # pylint: disable=import-outside-toplevel
         run = ctypes.c_void_p()
         table = (TensorArg * 1)(TensorArg(None, 0, 0, 0))
-        assert lib.devstage_bind_on(stager._handle, table, 0, foreign.handle, ctypes.byref(run)) == 2
+        assert lib.devstage_bind_on(stager._h, table, 0, foreign.handle, ctypes.byref(run)) == 2
         assert "'sim'" in lib.devstage_last_message().decode()
     run = stager.bind([devstage.In(np.zeros(8, np.uint8))])  # still usable
     stager.finish(run)
@@ -189,3 +190,95 @@ def test_events_and_async_copies(sim):
         sim.create_event().record(foreign)
     sim.device_free(device)
     stream.close()
+
+
+def test_a_refused_finish_leaves_the_run_live(cuda_standin):
+    """Device 1's stream adopted through device 0's backend: the stager refuses the finish, and the
+    run is as it was — finished afterwards on its own stream, with its copy-backs."""
+    np = numpy_or_skip()
+    gpu, cudart = cuda_standin
+    other = devstage.cuda(1, os.environ["DEVSTAGE_TEST_CUDART"])
+    foreign = other.create_stream()
+    adopted = gpu.stream(foreign.native)  # a raw handle: device 0's backend cannot tell it apart
+    stager = devstage.Stager(gpu)
+    mine = gpu.create_stream()
+    out = np.zeros(64, np.uint8)
+    run = stager.bind([devstage.In(np.full(64, 7, np.uint8)), devstage.Out(out)], stream=mine)
+    with pytest.raises(devstage.InvalidArgument, match="device 1"):
+        stager.finish(run, stream=adopted)
+    assert run.live
+    mine.synchronize()
+    gpu.copy_to_device(run.device_pointers[1], np.full(64, 9, np.uint8).ctypes.data, 64)
+    done = stager.finish(run, stream=mine)
+    done.wait()
+    assert (out == 9).all()
+    done.close()
+    mine.close()
+    foreign.close()
+
+
+def test_a_kernels_failure_belongs_to_its_own_run(sim):
+    """Run A's host function raises; run B, later on the same stream, is waited first: B's wait
+    is fine (its kernel ran), A's raises — and the stream reports nothing more."""
+    np = numpy_or_skip()
+    stager = devstage.Stager(sim, pipeline_slots=2)
+    stream = sim.create_stream()
+    out_a, out_b = np.zeros(16, np.int32), np.zeros(16, np.int32)
+
+    def bound(out, kernel):
+        run = stager.bind([devstage.Out(out)], stream=stream)
+        view = run.device_args[0].numpy()
+        sim.launch_host_function(stream, lambda view=view: kernel(view))
+        del view
+        return stager.finish(run, stream=stream)
+
+    def broken(view):
+        raise RuntimeError("kernel A failed")
+
+    done_a = bound(out_a, broken)
+    done_b = bound(out_b, lambda view: view.fill(5))
+    done_b.wait()
+    assert (out_b == 5).all()
+    with pytest.raises(devstage.HostFunctionError, match="kernel A failed"):
+        done_a.wait()
+    with pytest.raises(devstage.HostFunctionError, match="kernel A failed"):
+        done_a.wait()  # the run's result, each time
+    stream.synchronize()  # reported by its run already
+    done_a.close()
+    done_b.close()
+    # A kernel launched for no run: the stream's synchronize reports it, once.
+    sim.launch_host_function(stream, lambda: 1 / 0)
+    with pytest.raises(devstage.HostFunctionError, match="ZeroDivisionError"):
+        stream.synchronize()
+    stream.synchronize()
+    stream.close()
+
+
+def test_host_functions_share_one_trampoline(streamed_device):
+    """Every launch hands the runtime the same C function (a key tells the launches apart): no
+    callback object is made per call, and none is left behind once they ran."""
+    from devstage import _calls, _lib  # pylint: disable=import-outside-toplevel
+    device = streamed_device
+    functions, keys = set(), []
+
+    def launch(_context, stream, function, user):
+        functions.add(ctypes.cast(function, ctypes.c_void_p).value)
+        keys.append(user)
+        device.launch_host_function(stream, lambda: function(user))
+        return 0
+
+    callbacks = dict(device.callbacks(), create_stream=device.create_stream, destroy_stream=device.destroy_stream,
+                     copy_to_device_async=device.copy_async, copy_from_device_async=device.copy_async,
+                     create_event=device.create_event, destroy_event=device.destroy_event,
+                     record_event=device.record_event, event_ready=device.event_ready,
+                     synchronize_event=device.synchronize_event, stream_wait_event=device.stream_wait_event,
+                     launch_host_function=_lib.LAUNCH(launch))
+    backend = devstage.Backend.from_callbacks(name="python-streams", dlpack_device=(1, 0), **callbacks)
+    ran = []
+    with backend.create_stream() as stream:
+        for i in range(5):
+            backend.launch_host_function(stream, lambda i=i: ran.append(i))
+        stream.synchronize()
+    assert ran == [0, 1, 2, 3, 4]
+    assert len(functions) == 1 and len(set(keys)) == 5
+    assert not any(key in _calls.host_functions for key in keys)

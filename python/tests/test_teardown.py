@@ -25,7 +25,7 @@ SCRIPTS = {
         pool = devstage.PinnedPool(backend)
         buffer = pool.allocate(4096)
         view = np.asarray(buffer)
-        stager = devstage.Stager(backend, pack_limit=4096, pipeline_slots=2)
+        stager = devstage.Stager(backend, pack_limit=4096, pipeline_slots=3)
         stream = backend.create_stream()
         run = stager.bind([devstage.In(buffer), devstage.Out(np.zeros(16, np.uint8))], stream=stream)
         exported = run.device_args[1].numpy()

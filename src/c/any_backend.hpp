@@ -13,6 +13,7 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/c/devstage.h"
+#include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -104,9 +105,37 @@ public:
     /// use it to recover from a wait for one slot's work that failed.
     virtual Status synchronize() noexcept = 0;
 
+    /// Virtual memory for in-place growth (VirtualMemoryBackend; RetainedVmm stagers): where the
+    /// backend has none, has_vmm() is false, the granularity 0 and every call not_supported.
+    using PhysicalHandle = void*;
+    virtual bool has_vmm() const noexcept { return false; }
+    virtual std::size_t vmm_granularity() const noexcept { return 0; }
+    virtual Result<void*> vmm_reserve(std::size_t /*bytes*/) noexcept { return lacks("virtual memory"); }
+    virtual Status vmm_release(void* /*va*/) noexcept { return lacks("virtual memory"); }
+    virtual Result<PhysicalHandle> vmm_create(std::size_t /*bytes*/) noexcept { return lacks("virtual memory"); }
+    virtual Status vmm_free(PhysicalHandle /*handle*/) noexcept { return lacks("virtual memory"); }
+    virtual Status vmm_map(void* /*va*/, std::size_t /*bytes*/, PhysicalHandle /*handle*/) noexcept {
+        return lacks("virtual memory");
+    }
+    virtual Status vmm_unmap(void* /*va*/, std::size_t /*bytes*/) noexcept { return lacks("virtual memory"); }
+
+    /// Pinned memory mapped for the device (MappedHostBackend; stagers with map_small): where
+    /// the backend cannot map, map_host is not_supported and such a stager copies instead. 4 KiB,
+    /// the strictest alignment a runtime asks (ACL's), serves every backend.
+    static constexpr std::size_t host_map_alignment = 4096;
+    virtual Result<void*> map_host(void* /*host*/, std::size_t /*bytes*/) noexcept {
+        return lacks("pinned memory mapped for the device");
+    }
+    virtual Status unmap_host(void* /*host*/) noexcept { return lacks("pinned memory mapped for the device"); }
+
     /// What is still allocated through this backend and was never freed, as a leaked Status
     /// (ok when nothing is); the callback backend frees it first. Called once, before destruction.
     virtual Status close() noexcept { return {}; }
+
+protected:
+    Status lacks(const char* what) const noexcept {
+        return Status(Errc::not_supported, detail::message("backend '", name(), "' #", number(), " has no ", what));
+    }
 
 private:
     static std::uint64_t next_number() noexcept {
@@ -124,6 +153,8 @@ static_assert(SynchronizingBackend<AnyBackend>);
 static_assert(BatchCopyBackend<AnyBackend>);
 static_assert(ImmediateStreamsQuery<AnyBackend>);
 static_assert(StreamCheckBackend<AnyBackend>);
+static_assert(VirtualMemoryBackend<AnyBackend>);
+static_assert(MappedHostBackend<AnyBackend>);
 
 /// Shared by the C handles made from a backend: the last owner closes it (a leak report goes to
 /// stderr then) and destroys it.

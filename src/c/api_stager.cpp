@@ -63,6 +63,17 @@ Result<std::span<const devstage::TensorArg>> converted(const char* function, Sta
     return std::span<const devstage::TensorArg>(stager.args);
 }
 
+// Ok while a frame's memory is its own: the HostFrame becomes inert when its slot is taken
+// again once its run ended, or the stager releases, reserves or abandons.
+Status frame_memory(const char* function, const FrameState& frame) {
+    if (frame.frame->live()) return {};
+    return Status(Errc::invalid_argument,
+                  devstage::detail::message(function,
+                                            ": the frame's memory was given back (its slot was taken by a later frame "
+                                            "or bind once its run ended, or the stager was released, reserved or "
+                                            "abandoned)"));
+}
+
 // Hands a bound run to the caller as a handle; a run with no handle ends (without copy-backs).
 devstage_status run_handed_out(const char* function, const StagerState& stager, Result<devstage::StagedRun> bound,
                                devstage_run** run) {
@@ -257,7 +268,7 @@ devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devs
         if (r == nullptr) return bad_handle<RunState>("devstage_finish", run);
         if (r->stager != s.self) return not_this_stager("devstage_finish", "run");
         const Status finished = s.stager->finish(std::move(r->run), execution_status(execution));
-        take_back(run, r);  // a finish consumes the run, whatever it returns
+        if (!r->run.live()) take_back(run, r);  // a finish that was not refused ends the run
         return report(finished);
     });
 }
@@ -280,6 +291,7 @@ devstage_status devstage_finish_on(devstage_stager* stager, devstage_run* run, d
         state->stager = s->self;
         Result<devstage::Completion> done =
             s->stager->finish(std::move(r->run), on->native, execution_status(execution));
+        if (!done && r->run.live()) return report(done.status());  // refused: the run is left as it was
         take_back(run, r);
         if (!done) return report(done.status());
         state->completion = std::move(*done);
@@ -381,7 +393,8 @@ devstage_status devstage_frame_create(devstage_stager* stager, const devstage_te
         state->stager = s->self;
         Result<devstage::HostFrame> made = s->stager->frame(s->shapes);
         if (!made) return report(made.status());
-        state->frame.emplace(*made);
+        state->frame.emplace(std::move(*made));
+        state->tensors = state->frame->size();
         devstage_frame* handle = hand_out(std::move(state));
         if (handle == nullptr) return no_handle("devstage_frame_create", HandleKind::frame);
         *frame = handle;
@@ -397,18 +410,57 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
         if (bytes == nullptr) return null_argument("devstage_frame_host", "bytes");
         *data = nullptr;
         *bytes = 0;
+        if (i >= f->tensors) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
+                                                           f->tensors, " tensors")));
+        }
         if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
             return report(Status(Errc::invalid_argument,
                                  "devstage_frame_host: the frame's stager was destroyed, and its memory with it"));
         }
-        if (i >= f->frame->size()) {
-            return report(Status(Errc::invalid_argument,
-                                 devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
-                                                           f->frame->size(), " tensors")));
-        }
+        if (Status own = frame_memory("devstage_frame_host", *f); !own) return report(own);
         const auto host = f->frame->host(i);
         *data = host.data();
         *bytes = host.size();
+        return report(Status());
+    });
+}
+
+devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, size_t* bytes, size_t count) {
+    return guarded("devstage_frame_hosts", [&] {
+        const FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_hosts", frame);
+        if (count != f->tensors) {
+            return report(Status(Errc::invalid_argument,
+                                 devstage::detail::message("devstage_frame_hosts: count ", count,
+                                                           ", but the frame has ", f->tensors, " tensors")));
+        }
+        if (data == nullptr) return null_argument("devstage_frame_hosts", "data");
+        for (std::size_t i = 0; i < count; ++i) data[i] = nullptr;
+        if (bytes != nullptr) {
+            for (std::size_t i = 0; i < count; ++i) bytes[i] = 0;
+        }
+        if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
+            return report(Status(Errc::invalid_argument,
+                                 "devstage_frame_hosts: the frame's stager was destroyed, and its memory with it"));
+        }
+        if (Status own = frame_memory("devstage_frame_hosts", *f); !own) return report(own);
+        for (std::size_t i = 0; i < count; ++i) {
+            const auto host = f->frame->host(i);
+            data[i] = host.data();
+            if (bytes != nullptr) bytes[i] = host.size();
+        }
+        return report(Status());
+    });
+}
+
+devstage_status devstage_frame_slot(const devstage_frame* frame, size_t* slot) {
+    return guarded("devstage_frame_slot", [&] {
+        const FrameState* f = find<FrameState>(frame);
+        if (f == nullptr) return bad_handle<FrameState>("devstage_frame_slot", frame);
+        if (slot == nullptr) return null_argument("devstage_frame_slot", "slot");
+        *slot = f->frame->slot();
         return report(Status());
     });
 }

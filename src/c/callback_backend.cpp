@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "any_backend.hpp"
-#include "devstage/detail/transfer/zero_outputs.hpp"
+#include "devstage/detail/transfer/zero_block.hpp"
 #include "devstage/detail/util/message.hpp"
 
 namespace devstage::capi {
@@ -185,15 +185,8 @@ public:
                           detail::message("backend '", name_, "': device_memset_async of ", bytes, " bytes to ", value,
                                           ": no memset callback, and only zeros can be uploaded instead"));
         }
-        for (std::size_t done = 0; done < bytes;) {
-            const std::size_t chunk = std::min(detail::zero_block_bytes, bytes - done);
-            if (Status s = copy_to_device_async(static_cast<std::byte*>(dst) + done, detail::zero_block, chunk, stream);
-                !s) {
-                return s;
-            }
-            done += chunk;
-        }
-        return {};
+        std::uint64_t uploads = 0;
+        return detail::upload_zeros(*this, dst, bytes, stream, uploads);
     }
 
     // No batch callbacks: the stagers copy one by one.

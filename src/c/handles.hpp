@@ -116,6 +116,7 @@ struct CompletionState {
 struct FrameState {
     std::uint64_t stager;
     std::optional<HostFrame> frame;  // set once made
+    std::size_t tensors = 0;         // its shapes' count (an inert HostFrame has none)
 };
 
 struct PoolState {

@@ -17,12 +17,12 @@ namespace devstage::capi {
 template <class Strategy>
 class StagerOf final : public AnyStager {
     static_assert(Stager<AnyBackend, Strategy>::max_pipeline_slots == max_pipeline_slots);
-    static constexpr bool packs = detail::pack_limit_of<Strategy>() > 0;
+    static constexpr bool mirrored = MirroredStrategy<Strategy, AnyBackend>;
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
 
 public:
-    StagerOf(AnyBackend& backend, Strategy strategy, std::size_t slots) noexcept
-        : stager_(backend, std::move(strategy), slots) {}
+    StagerOf(AnyBackend& backend, Strategy strategy, const StagerOptions& options) noexcept
+        : stager_(backend, std::move(strategy), options) {}
 
     Result<StagedRun> bind(std::span<const TensorArg> args) noexcept override { return stager_.bind(args); }
     Result<StagedRun> bind(std::span<const TensorArg> args, Stream stream) noexcept override {
@@ -42,14 +42,13 @@ public:
         return stager_.order_after_uploads(run, stream);
     }
     Result<HostFrame> frame(std::span<const TensorShape> shapes) noexcept override {
-        if constexpr (packs) {
-            return stager_.frame(shapes);
-        } else {
-            return Status(Errc::not_supported,
-                          detail::message("stager frame: frames need a packing stager (pack_limit > 0); this stager "
-                                          "on backend '",
-                                          stager_.backend().name(), "' has pack_limit 0"));
+        if constexpr (mirrored) {
+            if (stager_.pack_limit() > 0) return stager_.frame(shapes);
         }
+        return Status(Errc::not_supported,
+                      detail::message("stager frame: frames need a packing stager (pack_limit > 0); this stager "
+                                      "on backend '",
+                                      stager_.backend().name(), "' has pack_limit 0"));
     }
     Status reserve(std::size_t bytes) noexcept override {
         if constexpr (retained) {
@@ -73,8 +72,8 @@ private:
 };
 
 template <class Strategy>
-std::unique_ptr<AnyStager> make_stager_of(AnyBackend& backend, Strategy strategy, std::size_t slots) {
-    return std::make_unique<StagerOf<Strategy>>(backend, std::move(strategy), slots);
+std::unique_ptr<AnyStager> make_stager_of(AnyBackend& backend, Strategy strategy, const StagerOptions& options) {
+    return std::make_unique<StagerOf<Strategy>>(backend, std::move(strategy), options);
 }
 
 }  // namespace devstage::capi

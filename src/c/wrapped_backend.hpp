@@ -189,6 +189,52 @@ public:
         }
     }
 
+    bool has_vmm() const noexcept override { return VirtualMemoryBackend<B>; }
+    std::size_t vmm_granularity() const noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) return backend_.vmm_granularity();
+        return 0;
+    }
+    Result<void*> vmm_reserve(std::size_t bytes) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) return backend_.vmm_reserve(bytes);
+        return unsupported("virtual memory");
+    }
+    Status vmm_release(void* va) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) return backend_.vmm_release(va);
+        return unsupported("virtual memory");
+    }
+    Result<PhysicalHandle> vmm_create(std::size_t bytes) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) {
+            auto handle = backend_.vmm_create(bytes);
+            if (!handle) return handle.status();
+            return to_pointer(*handle);
+        }
+        return unsupported("virtual memory");
+    }
+    Status vmm_free(PhysicalHandle handle) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) {
+            return backend_.vmm_free(from_pointer<typename B::PhysicalHandle>(handle));
+        }
+        return unsupported("virtual memory");
+    }
+    Status vmm_map(void* va, std::size_t bytes, PhysicalHandle handle) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) {
+            return backend_.vmm_map(va, bytes, from_pointer<typename B::PhysicalHandle>(handle));
+        }
+        return unsupported("virtual memory");
+    }
+    Status vmm_unmap(void* va, std::size_t bytes) noexcept override {
+        if constexpr (VirtualMemoryBackend<B>) return backend_.vmm_unmap(va, bytes);
+        return unsupported("virtual memory");
+    }
+    Result<void*> map_host(void* host, std::size_t bytes) noexcept override {
+        if constexpr (MappedHostBackend<B>) return backend_.map_host(host, bytes);
+        return unsupported("pinned memory mapped for the device");
+    }
+    Status unmap_host(void* host) noexcept override {
+        if constexpr (MappedHostBackend<B>) return backend_.unmap_host(host);
+        return unsupported("pinned memory mapped for the device");
+    }
+
 private:
     Status unsupported(const char* what) const noexcept {
         return Status(Errc::not_supported, detail::message("backend '", name(), "' #", number(), " has no ", what));

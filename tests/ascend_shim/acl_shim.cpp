@@ -22,6 +22,10 @@
 // memory. ptr must be 4 KiB aligned and lie in aclrtMallocHost memory; aclrtHostUnregister
 // undoes it; aclrtFreeHost of registered memory is refused. Built with DEVSTAGE_SHIM_NO_MAP the
 // library lacks both calls.
+// The last aclrtResetDevice of a device refuses (ACL_ERROR_FAILURE, counted in
+// shim_reset_violations) when host memory made in one of its contexts — aclrtMallocHost
+// allocations, aclrtHostRegister ranges — is still allocated or registered: such memory must
+// go back before the device is reset. The reset is done all the same.
 #include <sys/mman.h>
 #include <unistd.h>
 #include <algorithm>
@@ -63,7 +67,8 @@ struct Context {
 };
 struct Allocation {
     std::size_t bytes;
-    int device;  // -1: host (aclrtMallocHost)
+    int device;      // -1: host (aclrtMallocHost)
+    int owner = -1;  // host memory: the device of the context it was made in
 };
 // The shared mapping an aclrtMallocHost pointer lies in, and a registration's second mapping.
 struct HostMapping {
@@ -74,6 +79,7 @@ struct HostMapping {
 struct Registration {
     std::size_t bytes;
     HostMapping alias;
+    int owner = -1;  // the device of the context it was made in
 };
 
 // Virtual memory: reservations map physical chunks contiguously from their start.
@@ -139,6 +145,8 @@ std::map<void*, Stream*> streams;
 std::map<void*, std::shared_ptr<Event>> events;
 thread_local Context* current = nullptr;
 thread_local std::string recent_error;
+std::size_t reset_violations = 0;  // resets that found host memory of their device still there
+std::string last_violation;
 std::string fail_function;
 int fail_countdown = 0;
 aclError fail_code = 0;
@@ -419,6 +427,23 @@ int shim_device_refs(int device) {
     std::lock_guard lock(mutex);
     return device_refs[device];
 }
+/// Last resets of a device that found host memory made in its contexts still allocated or
+/// registered, and what the last one found.
+std::size_t shim_reset_violations() {
+    std::lock_guard lock(mutex);
+    return reset_violations;
+}
+const char* shim_last_violation() {
+    std::lock_guard lock(mutex);
+    return last_violation.c_str();
+}
+/// aclrtMallocHost allocations made in a context of `device` and still live.
+std::size_t shim_live_host_allocations(int device) {
+    std::lock_guard lock(mutex);
+    std::size_t n = 0;
+    for (const auto& [address, a] : allocations) n += a.device < 0 && a.owner == device;
+    return n;
+}
 
 // ---- the ACL subset -------------------------------------------------------------------------
 aclError aclInit(const char*) {
@@ -448,6 +473,16 @@ aclError aclrtResetDevice(int32_t device) {
     }
     // The last reset of a device releases every allocation still on it, as a device reset does.
     if (--device_refs[device] == 0) {
+        std::size_t host = 0, ranges = 0;
+        for (const auto& [address, a] : allocations) host += a.device < 0 && a.owner == device;
+        for (const auto& [address, r] : registrations) ranges += r.owner == device;
+        if (host + ranges > 0) {
+            ++reset_violations;
+            last_violation = "aclrtResetDevice of device " + std::to_string(device) + ": " + std::to_string(host) +
+                             " aclrtMallocHost allocation(s) and " + std::to_string(ranges) +
+                             " aclrtHostRegister range(s) made on it are still there";
+            recent_error = last_violation;
+        }
         for (auto it = allocations.begin(); it != allocations.end();) {
             if (it->second.device == device) {
                 std::free(reinterpret_cast<void*>(it->first));
@@ -460,6 +495,7 @@ aclError aclrtResetDevice(int32_t device) {
         for (auto& [handle, physical] : physicals) {
             if (physical.device == device) used[device] += physical.bytes;
         }
+        if (host + ranges > 0) return ACL_ERROR_FAILURE;
     }
     return ACL_SUCCESS;
 }
@@ -558,7 +594,7 @@ aclError aclrtMallocHost(void** pointer, std::size_t size) {
         return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "host out of memory");
     }
     void* memory = static_cast<std::byte*>(base) + 64;
-    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1};
+    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1, current->device};
     host_mappings[reinterpret_cast<std::uintptr_t>(memory)] = HostMapping{base, span, fd};
     *pointer = memory;
     return ACL_SUCCESS;
@@ -604,7 +640,7 @@ aclError aclrtHostRegister(void* ptr, uint64_t size, int type, void** dev_ptr) {
     void* alias =
         ::mmap(nullptr, pages, PROT_READ | PROT_WRITE, MAP_SHARED, owner->second.fd, static_cast<off_t>(at - base));
     if (alias == MAP_FAILED) return fail(ACL_ERROR_FAILURE, "could not map the host memory for the device");
-    registrations[at] = Registration{size, HostMapping{alias, pages}};
+    registrations[at] = Registration{size, HostMapping{alias, pages}, current->device};
     *dev_ptr = alias;
     return ACL_SUCCESS;
 }

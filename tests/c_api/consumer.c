@@ -177,9 +177,9 @@ int main(void) {
 
     /* Bad input: a clear error, nothing made. */
     memset(&config, 0, sizeof config);
-    config.pack_limit = 1000;
+    config.pipeline_slots = 1000;
     EXPECT(devstage_stager_create(sim, &config, &refused) == DEVSTAGE_INVALID_ARGUMENT && refused == NULL);
-    EXPECT(strstr(devstage_last_message(), "pack_limit 1000") != NULL);
+    EXPECT(strstr(devstage_last_message(), "1000 pipeline slots") != NULL);
 
     CHECK(devstage_backend_destroy(callbacks));
     CHECK(devstage_backend_destroy(sim));

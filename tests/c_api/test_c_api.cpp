@@ -199,8 +199,8 @@ TEST_CASE("c api: stager configs are checked field by field", "[c_api]") {
         CHECK(last().find(expected) != std::string::npos);
     };
     devstage_stager_config c{};
-    c.pack_limit = 1000;
-    refused(c, "pack_limit 1000 is not 0, 4096, 16384 or 65536");
+    c.map_small = 1;
+    refused(c, "map_small 1 needs a pack_limit above 0");
     c = {};
     c.strategy = DEVSTAGE_STRATEGY_PER_TENSOR;
     c.pack_limit = DEVSTAGE_PACK_LIMIT_16K;
@@ -242,14 +242,13 @@ TEST_CASE("c api: stager configs are checked field by field", "[c_api]") {
     c.growth_granule = 3;
     c.output_policy = 9;
     refused(c,
-            "devstage_stager_create: pack_limit 1000 is not 0, 4096, 16384 or 65536 (the limits this library is built "
-            "with); pack_limit 1000 needs the retained strategy (the per-tensor strategy packs nothing); 300 pipeline "
-            "slots asked for; at most 256; growth, growth_cap and grow_order apply to the retained strategy; the "
-            "per-tensor strategy allocates per arg; growth_granule 3 is not a power of two; output_policy 9 is not "
-            "DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL (backend 'sim')");
+            "devstage_stager_create: pack_limit 1000 needs the retained strategy (the per-tensor strategy packs "
+            "nothing); 300 pipeline slots asked for; at most 256; growth, growth_cap and grow_order apply to the "
+            "retained strategy; the per-tensor strategy allocates per arg; growth_granule 3 is not a power of two; "
+            "output_policy 9 is not DEVSTAGE_OUTPUT_ZERO or DEVSTAGE_OUTPUT_KERNEL_WRITES_ALL (backend 'sim')");
 }
 
-TEST_CASE("c api: a bad pack_limit and a backend without pinned memory are named in one message", "[c_api]") {
+TEST_CASE("c api: a bad config and a backend without pinned memory are named in one message", "[c_api]") {
     fake_device* device = fake_device_create(1 << 20, 0);
     devstage_callbacks callbacks;
     fake_device_callbacks(device, &callbacks);
@@ -259,13 +258,14 @@ TEST_CASE("c api: a bad pack_limit and a backend without pinned memory are named
     C_OK(devstage_backend_create_callbacks(&callbacks, &made));
     Backend backend(made);
     devstage_stager_config c{};
-    c.pack_limit = 1000;
+    c.pack_limit = 1000;  // any pack limit, but the mirror needs pinned memory
+    c.pipeline_slots = 300;
     devstage_stager* stager = nullptr;
     CHECK(devstage_stager_create(backend.get(), &c, &stager) == DEVSTAGE_INVALID_ARGUMENT);
     CHECK(last() ==
-          "devstage_stager_create: pack_limit 1000 is not 0, 4096, 16384 or 65536 (the limits this library is built "
-          "with); pack_limit 1000 needs pinned host memory for the packed mirror; backend 'fake' has none (backend "
-          "'fake')");
+          "devstage_stager_create: 300 pipeline slots asked for; at most 256; pack_limit 1000 needs pinned host "
+          "memory for the packed mirror; backend 'fake' has none (backend 'fake')");
+    c.pipeline_slots = 0;
     c.pack_limit = DEVSTAGE_PACK_LIMIT_4K;  // only the capability is missing
     CHECK(devstage_stager_create(backend.get(), &c, &stager) == DEVSTAGE_NOT_SUPPORTED);
     CHECK(last().find("pack_limit 4096 needs pinned host memory") != std::string::npos);
@@ -813,4 +813,127 @@ void shim_round_trip(const char* variable, bool cuda) {
 TEST_CASE("c api: CUDA and Ascend backends chosen at run time, over their shims", "[c_api]") {
     shim_round_trip("DEVSTAGE_C_TEST_CUDART", true);
     shim_round_trip("DEVSTAGE_C_TEST_ACL", false);
+}
+
+// Any pack limit, and small args in the mirror mapped for the device: on the simulator a mapped
+// address is the host address, so the kernel (run here on the host) uses the args in place.
+TEST_CASE("c api: a stager with pack limit 8192 and map_small; and one that packs without mapping", "[c_api]") {
+    Backend backend = sim();
+    for (const int map : {0, 1}) {
+        CAPTURE(map);
+        devstage_stager_config config{};
+        config.pack_limit = 8192;
+        config.map_small = map;
+        Stager stager = stager_of(backend.get(), &config);
+        for (int step = 0; step < 3; ++step) {
+            Tensors t(3000);  // every arg at most 8192 bytes: packed, or mapped
+            const std::vector<devstage_tensor_arg> args = t.args();
+            devstage_run* run = nullptr;
+            C_OK(devstage_bind(stager.get(), args.data(), args.size(), &run));
+            void* device[3] = {};
+            C_OK(devstage_run_device_args(run, device, 3));
+            if (map != 0) {  // in place: the host addresses of the mapped mirror
+                auto* in = static_cast<unsigned char*>(device[0]);
+                auto* state = static_cast<unsigned char*>(device[1]);
+                auto* out = static_cast<unsigned char*>(device[2]);
+                for (std::size_t i = 0; i < 3000; ++i) {
+                    out[i] = static_cast<unsigned char>(in[i] + 1);
+                    ++state[i];
+                }
+            } else {
+                C_OK(kernel_on(backend.get(), device, 3000));
+            }
+            C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+            CHECK(t.expected());
+        }
+        devstage_stager_stats stats{};
+        C_OK(devstage_stager_stats_get(stager.get(), &stats));
+        CHECK(stats.packed_args == 9);
+        if (map != 0) {
+            CHECK(stats.mapped_runs == 3);
+            CHECK(stats.uploads == 0);  // no copy either way
+            CHECK(stats.copy_backs == 0);
+            CHECK(stats.mapped_bytes > 0);
+        } else {
+            CHECK(stats.mapped_runs == 0);
+            CHECK(stats.uploads == 3);  // one packed copy each way a run
+            CHECK(stats.copy_backs == 3);
+        }
+    }
+    devstage_stager_config config{};
+    config.map_small = 1;  // nothing to map without a pack limit
+    devstage_stager* stager = nullptr;
+    CHECK(devstage_stager_create(backend.get(), &config, &stager) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(last().find("map_small 1 needs a pack_limit above 0") != std::string::npos);
+    CHECK(stager == nullptr);
+}
+
+// A RetainedVmm stager grows in place: its device addresses never change as the runs grow.
+TEST_CASE("c api: a retained_vmm stager over the simulator; refused where the backend has no virtual memory",
+          "[c_api]") {
+    Backend backend = sim();
+    devstage_stager_config config{};
+    config.strategy = DEVSTAGE_STRATEGY_RETAINED_VMM;
+    config.growth_cap = std::size_t{1} << 30;  // the reservation
+    Stager stager = stager_of(backend.get(), &config);
+    void* first = nullptr;
+    for (const std::size_t n : {std::size_t{3000}, std::size_t{300000}, std::size_t{3000000}}) {
+        CAPTURE(n);
+        Tensors t(n);
+        const std::vector<devstage_tensor_arg> args = t.args();
+        devstage_run* run = nullptr;
+        C_OK(devstage_bind(stager.get(), args.data(), args.size(), &run));
+        void* device[3] = {};
+        C_OK(devstage_run_device_args(run, device, 3));
+        if (first == nullptr) first = device[0];
+        CHECK(device[0] == first);  // grown in place
+        C_OK(kernel_on(backend.get(), device, n));
+        C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+        CHECK(t.expected());
+    }
+    devstage_stager_stats stats{};
+    C_OK(devstage_stager_stats_get(stager.get(), &stats));
+    CHECK(stats.regrows >= 2);  // mapped a granule at a time: the middle run may fit in the first
+    CHECK(stats.address_changes == 0);
+    CHECK(stats.retained_bytes >= 9000000);
+    C_OK(devstage_stager_release(stager.get()));
+
+    config.pack_limit = 4096;  // a vmm buffer has no mirror
+    devstage_stager* refused = nullptr;
+    CHECK(devstage_stager_create(backend.get(), &config, &refused) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(last().find("the retained_vmm strategy packs nothing") != std::string::npos);
+    Fake fake(1);
+    config = {};
+    config.strategy = DEVSTAGE_STRATEGY_RETAINED_VMM;
+    CHECK(devstage_stager_create(fake.backend.get(), &config, &refused) == DEVSTAGE_NOT_SUPPORTED);
+    CHECK(last().find("needs virtual memory") != std::string::npos);
+    CHECK(refused == nullptr);
+}
+
+// A frame destroyed before it is bound gives its slot back: a one-slot stager binds again.
+TEST_CASE("c api: devstage_frame_destroy of an unbound frame frees its slot", "[c_api]") {
+    Backend backend = sim();
+    devstage_stager_config config{};
+    config.pack_limit = DEVSTAGE_PACK_LIMIT_4K;
+    Stager stager = stager_of(backend.get(), &config);
+    const devstage_tensor_shape shapes[] = {{256, DEVSTAGE_IN, nullptr}, {256, DEVSTAGE_OUT, nullptr}};
+    for (int i = 0; i < 3; ++i) {  // each frame dropped unbound; with the slot kept, the second would be busy
+        devstage_frame* frame = nullptr;
+        C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
+        C_OK(devstage_frame_destroy(frame));
+    }
+    Tensors t(3000);
+    C_OK(run_once(backend.get(), stager.get(), t));
+    CHECK(t.expected());
+    // While a frame is unbound, release is refused and the frame's memory stays.
+    devstage_frame* frame = nullptr;
+    C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
+    CHECK(devstage_stager_release(stager.get()) == DEVSTAGE_BUSY);
+    CHECK(last().find("slot 0 holds an unbound frame") != std::string::npos);
+    void* host = nullptr;
+    std::size_t bytes = 0;
+    C_OK(devstage_frame_host(frame, 0, &host, &bytes));
+    CHECK(bytes == 256);
+    C_OK(devstage_frame_destroy(frame));
+    C_OK(devstage_stager_release(stager.get()));
 }

@@ -499,6 +499,25 @@ std::vector<Row> rows() {
         std::size_t bytes = 0;
         return devstage_frame_host(w.dead_frame, 0, &outs.pointer, &bytes);
     });
+    add("devstage_frame_hosts", "a count that is not the frame's", bad, "count 2, but the frame has 1 tensors",
+        [](World& w) {
+            void* data[2] = {};
+            return devstage_frame_hosts(w.frame, data, nullptr, 2);
+        });
+    add("devstage_frame_hosts", "SIZE_MAX count", bad, "count 18446744073709551615, but the frame has 1 tensors",
+        [](World& w) { return devstage_frame_hosts(w.frame, &outs.pointer, nullptr, huge); });
+    add("devstage_frame_hosts", "NULL data", bad, "data is NULL",
+        [](World& w) { return devstage_frame_hosts(w.frame, nullptr, nullptr, 1); });
+    add("devstage_frame_hosts", "a destroyed frame", bad, "was destroyed",
+        [](World& w) { return devstage_frame_hosts(w.dead_frame, &outs.pointer, nullptr, 1); });
+    add("devstage_frame_hosts", "a run as the frame", bad, "a run handle was given where a frame handle",
+        [](World& w) { return devstage_frame_hosts(as<devstage_frame*>(w.run), &outs.pointer, nullptr, 1); });
+    add("devstage_frame_slot", "NULL slot", bad, "slot is NULL",
+        [](World& w) { return devstage_frame_slot(w.frame, nullptr); });
+    add("devstage_frame_slot", "a destroyed frame", bad, "was destroyed", [](World& w) {
+        std::size_t slot = 0;
+        return devstage_frame_slot(w.dead_frame, &slot);
+    });
     add(
         "devstage_bind_frame", "another stager's frame", bad, "the frame belongs to another stager",
         [](World& w) { return devstage_bind_frame(w.stager, w.frame, &outs.run); }, run_cleared);

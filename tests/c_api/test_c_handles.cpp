@@ -223,6 +223,92 @@ TEST_CASE("c handles: an old handle never reaches a new object (ABA)", "[c_handl
     C_OK(devstage_stager_destroy(other));
 }
 
+TEST_CASE("c handles: a frame handle never hands out memory that is another's or freed", "[c_handles]") {
+    Backend backend = sim();
+    devstage_stager_config config{};
+    config.pack_limit = DEVSTAGE_PACK_LIMIT_4K;
+    Stager stager = stager_of(backend.get(), &config);  // one slot: every frame and bind takes it
+    const devstage_tensor_shape shapes[] = {{256, DEVSTAGE_IN, nullptr}, {256, DEVSTAGE_OUT, nullptr}};
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    // devstage_frame_host and devstage_frame_hosts answer alike, or refuse alike.
+    const auto answers = [&](devstage_frame* frame) {
+        void* all[2] = {&data, &data};
+        std::size_t sizes[2] = {1, 1};
+        const bool each = devstage_frame_host(frame, 1, &data, &bytes) == DEVSTAGE_OK;
+        const std::string why = last();
+        const bool both = devstage_frame_hosts(frame, all, sizes, 2) == DEVSTAGE_OK;
+        CHECK(each == both);
+        CHECK(all[1] == data);
+        CHECK(sizes[1] == bytes);
+        if (!each) {
+            CHECK(all[0] == nullptr);
+            CHECK(last().substr(std::strlen("devstage_frame_hosts")) == why.substr(std::strlen("devstage_frame_host")));
+        }
+        return each;
+    };
+    devstage_stream stream = nullptr;
+    C_OK(devstage_stream_create(backend.get(), &stream));
+    std::vector<unsigned char> in(256, 5);
+    const devstage_tensor_arg args[] = {arg(in.data(), in.size(), DEVSTAGE_IN)};
+
+    // A synchronous finish: the outputs are read through the frame until the slot is taken again.
+    devstage_frame* frame = nullptr;
+    devstage_run* run = nullptr;
+    C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
+    C_OK(devstage_bind_frame(stager.get(), frame, &run));
+    CHECK(answers(frame));
+    std::size_t frame_slot = 9, run_slot = 8;
+    C_OK(devstage_frame_slot(frame, &frame_slot));
+    C_OK(devstage_run_slot(run, &run_slot));
+    CHECK(frame_slot == run_slot);
+    C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+    CHECK(answers(frame));
+    C_OK(devstage_bind(stager.get(), args, 1, &run));  // packed: through the same mirror
+    CHECK_FALSE(answers(frame));
+    CHECK(says("devstage_frame_hosts: the frame's memory was given back"));
+    CHECK(data == nullptr);
+    C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+    C_OK(devstage_frame_destroy(frame));
+
+    // A finish on a stream: the frame answers while its completion lives and after, until the
+    // next frame takes the slot.
+    C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
+    C_OK(devstage_bind_frame_on(stager.get(), frame, stream, &run));
+    devstage_completion* done = nullptr;
+    C_OK(devstage_finish_on(stager.get(), run, stream, DEVSTAGE_OK, &done));
+    CHECK(answers(frame));
+    C_OK(devstage_completion_destroy(done));
+    CHECK(answers(frame));
+    devstage_frame* next = nullptr;
+    C_OK(devstage_frame_create(stager.get(), shapes, 2, &next));
+    CHECK_FALSE(answers(frame));
+    CHECK(answers(next));
+    C_OK(devstage_frame_destroy(frame));
+
+    // Released, reserved or abandoned after its run ended: the memory went back, so it is refused.
+    C_OK(devstage_bind_frame(stager.get(), next, &run));
+    C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+    CHECK(answers(next));
+    C_OK(devstage_stager_release(stager.get()));
+    CHECK_FALSE(answers(next));
+    CHECK(says("devstage_frame_hosts: the frame's memory was given back"));
+    C_OK(devstage_frame_destroy(next));
+    for (const bool abandon : {false, true}) {
+        C_OK(devstage_frame_create(stager.get(), shapes, 2, &frame));
+        C_OK(devstage_bind_frame(stager.get(), frame, &run));
+        C_OK(devstage_finish(stager.get(), run, DEVSTAGE_OK));
+        if (abandon) {
+            C_OK(devstage_stager_abandon(stager.get()));
+        } else {
+            C_OK(devstage_stager_reserve(stager.get(), 1 << 20));
+        }
+        CHECK_FALSE(answers(frame));
+        C_OK(devstage_frame_destroy(frame));
+    }
+    C_OK(devstage_stream_destroy(backend.get(), stream));
+}
+
 TEST_CASE("c handles: a run, frame or stream of another stager or backend is refused, naming both", "[c_handles]") {
     Backend one = sim();
     Backend two = sim();
@@ -287,6 +373,53 @@ TEST_CASE("c handles: a run, frame or stream of another stager or backend is ref
     C_OK(devstage_pinned_pool_destroy(pool));
     stager.reset();
     C_OK(devstage_stream_destroy(one.get(), mine));
+}
+
+TEST_CASE("c handles: a refused finish leaves the run live, whatever refused it", "[c_handles]") {
+    devstage_backend* zero = cuda_shim(0);
+    if (zero == nullptr) return;
+    devstage_backend* one = cuda_shim(1);
+    devstage_stream mine = nullptr, theirs = nullptr, adopted = nullptr;
+    C_OK(devstage_stream_create(zero, &mine));
+    C_OK(devstage_stream_create(one, &theirs));
+    void* native = nullptr;
+    C_OK(devstage_stream_native(theirs, &native));
+    // Device 1's stream wrapped through device 0's backend: the handle is device 0's, the stream
+    // is not, and only the stager's stream check tells.
+    C_OK(devstage_stream_adopt(zero, native, &adopted));
+    devstage_stager* stager = nullptr;
+    devstage_stager* other = nullptr;
+    C_OK(devstage_stager_create(zero, nullptr, &stager));
+    C_OK(devstage_stager_create(zero, nullptr, &other));
+    Tensors t(512);
+    std::vector<devstage_tensor_arg> args = t.args();
+    devstage_run* run = nullptr;
+    C_OK(devstage_bind_on(stager, args.data(), args.size(), mine, &run));
+    devstage_completion* done = nullptr;
+    auto* bogus = reinterpret_cast<devstage_stream>(std::uintptr_t{0x1234});
+    CHECK(devstage_finish_on(stager, run, adopted, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(says("device 1"));
+    CHECK(devstage_finish_on(stager, run, bogus, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(devstage_finish_on(other, run, mine, DEVSTAGE_OK, &done) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(devstage_finish(other, run, DEVSTAGE_OK) == DEVSTAGE_INVALID_ARGUMENT);
+    CHECK(done == nullptr);
+    // The run is as it was: its device args, a kernel, and a finish on its own stream that
+    // copies back.
+    C_OK(devstage_stream_synchronize(zero, mine));
+    C_OK(kernel(zero, run, 512));
+    C_OK(devstage_finish_on(stager, run, mine, DEVSTAGE_OK, &done));
+    C_OK(devstage_completion_wait(done));
+    C_OK(devstage_completion_destroy(done));
+    CHECK(t.expected());
+    // A finish that was not refused consumes the run, whatever it returned.
+    CHECK(devstage_run_destroy(run) == DEVSTAGE_INVALID_ARGUMENT);
+    C_OK(devstage_stager_destroy(other));
+    C_OK(devstage_stager_destroy(stager));
+    C_OK(devstage_stream_destroy(zero, adopted));
+    C_OK(devstage_stream_destroy(zero, mine));
+    C_OK(devstage_stream_destroy(one, theirs));
+    C_OK(devstage_backend_destroy(one));
+    C_OK(devstage_backend_destroy(zero));
 }
 
 TEST_CASE("c handles: streams adopted from the runtime, never destroyed by devstage", "[c_handles]") {

@@ -25,6 +25,12 @@
 // turns both attributes off. It keeps the flags cudaHostAlloc and cudaHostRegister were given
 // (cuda_shim_host_flags); cudaDevAttrHostNumaId answers -1 (no NUMA) and cudaDeviceGetPCIBusId
 // a fixed address per device until a test sets them.
+// cudaDeviceReset resets the current device: it frees that device's allocations, streams and
+// events, and refuses (cudaErrorIllegalState, counted in cuda_shim_reset_violations) when
+// pinned host memory made with that device current — cudaHostAlloc, cudaHostRegister — is
+// still allocated or registered: such memory must go back before the reset.
+// cuda_shim_set_sticky_error(code) models a fault of the device, sticky as CUDA's: every wait
+// (cudaDeviceSynchronize, cudaEventSynchronize, cudaEventQuery) answers `code` until the reset.
 // Test control: the cuda_shim_* functions.
 //
 // cudaMemcpyBatchAsync copies in order, each copy checked as cudaMemcpyAsync checks it, and
@@ -65,6 +71,7 @@ constexpr cudaError_t cudaErrorHostMemoryAlreadyRegistered = 712;
 constexpr cudaError_t cudaErrorHostMemoryNotRegistered = 713;
 constexpr cudaError_t cudaErrorNotReady = 600;
 constexpr cudaError_t cudaErrorNotPermitted = 800;
+constexpr cudaError_t cudaErrorIllegalState = 401;
 [[maybe_unused]] constexpr CUresult CUDA_SUCCESS = 0;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
 [[maybe_unused]] constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
@@ -78,6 +85,7 @@ struct Allocation {
     std::size_t bytes;
     int device;          // -1: host (cudaHostAlloc)
     unsigned flags = 0;  // cudaHostAlloc's
+    int owner = -1;      // host memory: the device current when it was made
 };
 struct Stream {
     int device;
@@ -124,7 +132,11 @@ std::size_t used[device_count] = {};
 std::map<std::uintptr_t, Allocation> allocations;
 std::map<std::uintptr_t, std::size_t> registered;     // cudaHostRegister ranges
 std::map<std::uintptr_t, unsigned> registered_flags;  // their cudaHostRegister flags
-int host_numa_id[device_count] = {-1, -1};            // cudaDevAttrHostNumaId
+std::map<std::uintptr_t, int> registered_owner;       // the device current at their cudaHostRegister
+std::size_t reset_violations = 0;                     // resets that found pinned memory still there
+int sticky_error = 0;                                 // a device fault: every wait answers it until cudaDeviceReset
+std::string last_violation;
+int host_numa_id[device_count] = {-1, -1};  // cudaDevAttrHostNumaId
 std::string pci_bus_id[device_count] = {"0000:17:00.0", "0000:65:00.0"};
 std::map<void*, Stream*> streams;
 std::map<void*, Event*> events;
@@ -313,6 +325,33 @@ unsigned cuda_shim_last_wait_flags() {
     std::lock_guard lock(mutex);
     return last_wait_flags;
 }
+/// A sticky fault: every wait answers `code` until cudaDeviceReset (0: none).
+void cuda_shim_set_sticky_error(int code) {
+    std::lock_guard lock(mutex);
+    sticky_error = code;
+}
+/// Resets (cudaDeviceReset) that found pinned host memory of their device still allocated or
+/// registered, and what the last one found.
+std::size_t cuda_shim_reset_violations() {
+    std::lock_guard lock(mutex);
+    return reset_violations;
+}
+const char* cuda_shim_last_violation() {
+    std::lock_guard lock(mutex);
+    return last_violation.c_str();
+}
+/// Pinned host memory made with `device` current: cudaHostAlloc allocations (kind 0) or
+/// cudaHostRegister ranges (1) still live.
+std::size_t cuda_shim_live_pinned(int device, int kind) {
+    std::lock_guard lock(mutex);
+    std::size_t n = 0;
+    if (kind == 0) {
+        for (const auto& [address, a] : allocations) n += a.device < 0 && a.owner == device;
+    } else {
+        for (const auto& [address, owner] : registered_owner) n += owner == device;
+    }
+    return n;
+}
 /// Live objects: 0 streams, 1 events, 2 reservations, 3 mappings, 4 physical chunks.
 std::size_t cuda_shim_live(int kind) {
     std::lock_guard lock(mutex);
@@ -351,6 +390,51 @@ cudaError_t cudaSetDevice(int device) {
     current_device = device;
     touch();
     return cudaSuccess;
+}
+// Resets the current device: its allocations, streams and events go. Pinned host memory made
+// with it current that is still allocated or registered is a violation: counted, described and
+// refused with cudaErrorIllegalState (the reset is done all the same).
+cudaError_t cudaDeviceReset() {
+    if (in_host_function) return cudaErrorNotPermitted;
+    std::lock_guard lock(mutex);
+    int code;
+    if (injected("cudaDeviceReset", code)) return code;
+    const int device = current_device;
+    sticky_error = 0;
+    std::size_t host = 0, ranges = 0;
+    for (auto it = allocations.begin(); it != allocations.end();) {
+        if (it->second.device == device) {
+            used[device] -= it->second.bytes;
+            std::free(reinterpret_cast<void*>(it->first));
+            it = allocations.erase(it);
+            continue;
+        }
+        host += it->second.device < 0 && it->second.owner == device;
+        ++it;
+    }
+    for (const auto& [address, owner] : registered_owner) ranges += owner == device;
+    for (auto it = streams.begin(); it != streams.end();) {
+        if (it->second->device != device) {
+            ++it;
+            continue;
+        }
+        delete it->second;
+        it = streams.erase(it);
+    }
+    for (auto it = events.begin(); it != events.end();) {
+        if (it->second->device != device) {
+            ++it;
+            continue;
+        }
+        delete it->second;
+        it = events.erase(it);
+    }
+    if (host + ranges == 0) return cudaSuccess;
+    ++reset_violations;
+    last_violation = "cudaDeviceReset of device " + std::to_string(device) + ": " + std::to_string(host) +
+                     " cudaHostAlloc allocation(s) and " + std::to_string(ranges) +
+                     " cudaHostRegister range(s) made on it are still there";
+    return cudaErrorIllegalState;
 }
 cudaError_t cudaMalloc(void** pointer, std::size_t size) {
     if (in_host_function) return cudaErrorNotPermitted;
@@ -394,7 +478,7 @@ cudaError_t cudaHostAlloc(void** pointer, std::size_t size, unsigned flags) {
     if (flags > 0xF) return cudaErrorInvalidValue;
     void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
     if (memory == nullptr) return cudaErrorMemoryAllocation;
-    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1, flags};
+    allocations[reinterpret_cast<std::uintptr_t>(memory)] = Allocation{size, -1, flags, current_device};
     *pointer = memory;
     return cudaSuccess;
 }
@@ -464,6 +548,7 @@ cudaError_t cudaHostRegister(void* pointer, std::size_t size, unsigned flags) {
     }
     registered[address] = size;
     registered_flags[address] = flags;
+    registered_owner[address] = current_device;
     return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* pointer) {
@@ -474,6 +559,7 @@ cudaError_t cudaHostUnregister(void* pointer) {
     touch();
     if (registered.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0) return cudaErrorHostMemoryNotRegistered;
     registered_flags.erase(reinterpret_cast<std::uintptr_t>(pointer));
+    registered_owner.erase(reinterpret_cast<std::uintptr_t>(pointer));
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t count, int kind) {
@@ -498,7 +584,7 @@ cudaError_t cudaDeviceSynchronize() {
     int code;
     if (injected("cudaDeviceSynchronize", code)) return code;
     touch();
-    return cudaSuccess;
+    return sticky_error;
 }
 const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
@@ -701,6 +787,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventQuery", code)) return code;
+    if (sticky_error != 0) return sticky_error;
     const auto found = events.find(event);
     if (found == events.end()) return cudaErrorInvalidResourceHandle;
     if (found->second->recorded && not_ready_answers > 0) {
@@ -715,6 +802,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     std::lock_guard lock(mutex);
     int code;
     if (injected("cudaEventSynchronize", code)) return code;
+    if (sticky_error != 0) return sticky_error;
     if (events.count(event) == 0) return cudaErrorInvalidResourceHandle;
     not_ready_answers = 0;
     return cudaSuccess;

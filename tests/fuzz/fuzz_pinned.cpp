@@ -4,11 +4,14 @@
 // deaths on PinnedHostPools over MockBackend, including pointers the pool never gave out, and
 // copies enqueued on two streams from buffers, raw allocations and containers that record()
 // the stream before giving the memory back — over the eager mock and the deferred one, whose
-// copies run only when the host synchronizes. Buffers and containers outlive finalize() and
-// their pool: their bytes must stay as written, a container of a dead pool must refuse to grow,
-// every copy must deliver the bytes it was enqueued with (a block handed out or freed before
-// its copy ran would show), and after every step the mock's live pinned blocks must be exactly
-// what the cores still alive account for.
+// copies run only when the host synchronizes. Every other pool pins requests from 8 KiB at their
+// exact size in 4 KiB chunks, and regions made with create_region hand out buffers (recorded and
+// given back like any other) while their handles come and go. Buffers and containers outlive
+// finalize() and their pool: their bytes must stay as written, a container of a dead pool must
+// refuse to grow, every copy must deliver the bytes it was enqueued with (a block handed out or
+// freed before its copy ran would show), every buffer must lie in a region the pool describes,
+// and after every step the mock's pinned and registered bytes must be exactly what the cores
+// still alive hold locked.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -124,7 +127,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::optional<PinnedHostPool<MockBackend>> pool;
         std::uint64_t generation = 0;
         const auto open_pool = [&] {
-            pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10});
+            const bool exact = generation % 2 == 1;
+            pool.emplace(mock, CachingPinned{.max_cached_bytes = 64 << 10},
+                         PinnedPoolOptions{.exact = {.threshold = exact ? std::size_t{8192} : 0, .chunk_bytes = 4096}});
             pool->set_error_sink(&fuzz::quiet);
             cores.push_back(pool->core());
             resources.push_back(std::make_unique<PinnedMemoryResource>(*pool));
@@ -136,6 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::vector<HeldWords> words;
         std::list<HeldPmr> pmrs;  // a list: erasing moves no pmr vector (that would allocate)
         std::vector<HeldAligned> aligned;
+        std::vector<std::pair<PinnedRegionHandle, std::uint64_t>> regions;  // and their pool's generation
         std::byte stranger[8]{};
         for (std::size_t i = 0; i + 2 < size; i += 3) {
             const std::size_t arg = static_cast<std::size_t>(data[i + 1]) << 8 | data[i + 2];
@@ -196,7 +202,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     break;
                 case 7:
                     if (arg % 4 == 0) {
-                        pool.reset();  // the pool dies; buffers and containers outlive it
+                        pool.reset();  // the pool dies; buffers, containers and regions outlive it
                         raw.clear();   // freed by the destruction: nothing could release them now
                         open_pool();
                     }
@@ -243,6 +249,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     EXPECT(intact(held));
                     break;
                 }
+                case 11:  // a region: made, a buffer carved out of it, or its handle dropped
+                    if (arg % 4 == 0 && !regions.empty()) {
+                        regions.erase(regions.begin() + static_cast<std::ptrdiff_t>(arg % regions.size()));
+                    } else if (arg % 4 == 1 && regions.size() < 4) {
+                        Result<PinnedRegionHandle> region = pool->create_region(arg % 16384 + 1);
+                        EXPECT(region.ok());
+                        EXPECT(region->ready().value());
+                        regions.emplace_back(std::move(*region), generation);
+                    } else if (!regions.empty()) {
+                        auto& [region, born] = regions[arg % regions.size()];
+                        auto b = region.allocate(arg % 2048 + 1, std::size_t{1} << (arg % 7));
+                        // A full region refuses, and one whose pool died hands out nothing more.
+                        EXPECT(b.ok() || b.status().code() == Errc::out_of_memory ||
+                               (born != generation && b.status().code() == Errc::invalid_argument));
+                        if (b) {
+                            const auto fill = static_cast<std::uint8_t>(arg * 5 + 3);
+                            std::memset(b->data(), fill, b->size());
+                            const bool current = pool->owns(b->data());
+                            buffers.push_back(HeldBuffer{std::move(*b), fill, current ? generation : 0});
+                        }
+                    }
+                    break;
                 case 12:  // a copy from a buffer, recorded; a buffer of a dead pool is refused
                     if (arg % 16 == 0) {
                         EXPECT(pool->record(PinnedBuffer(), stream).code() == Errc::invalid_argument);
@@ -292,18 +320,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     }
                     break;
             }
-            std::size_t accounted = 0;
+            std::uint64_t locked = 0;
             for (const auto& weak : cores) {
                 const std::shared_ptr<detail::PinnedCore> core = weak.lock();
                 if (!core) continue;  // gone: nothing held it, so nothing of it may be left
                 const PinnedStats stats = core->stats();
                 EXPECT(stats.cached_bytes <= (64 << 10));
-                EXPECT(stats.backend_allocations - stats.backend_frees ==
-                       stats.live_allocations + stats.cached_blocks + stats.retiring_blocks);
                 EXPECT(stats.pending_blocks <= stats.cached_blocks + stats.retiring_blocks);
-                accounted += stats.live_allocations + stats.cached_blocks + stats.retiring_blocks;
+                locked += stats.locked_bytes;
             }
-            EXPECT(mock.live_pinned_allocations() == accounted);
+            EXPECT(mock.live_pinned_bytes() + mock.live_registered_bytes() == locked);
+            if (pool && !buffers.empty()) {  // every pinned byte handed out lies in a region
+                const HeldBuffer& held = buffers[arg % buffers.size()];
+                if (held.generation == generation) {
+                    const std::optional<RegionSlice> slice = pool->describe(held.buffer.data());
+                    EXPECT(slice && slice->bytes >= held.buffer.size());
+                }
+            }
             EXPECT(mock.misuses() == 0);
         }
         for (const HeldBuffer& held : buffers) EXPECT(intact(held));
@@ -313,9 +346,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         buffers.clear();  // some after their pool finalized or died
         words.clear();
         pmrs.clear();
+        regions.clear();
     }
     verify();
     EXPECT(mock.live_pinned_allocations() == 0);
+    EXPECT(mock.live_registrations() == 0);
     EXPECT(mock.live_events() == 0);  // every pool destroyed the events it made
     EXPECT(mock.misuses() == 0);
     EXPECT(mock.device_free(device).ok());

@@ -164,7 +164,16 @@ template <class Strategy>
 class Harness {
 public:
     using StagerT = Stager<MockBackend, Strategy>;
-    static constexpr bool packs = requires(StagerT & s, std::span<const TensorShape> shapes) { s.frame(shapes); };
+    // A strategy with a mirror; the stager packs (and hands out frames) when its pack limit,
+    // chosen at run time, is above 0.
+    static constexpr bool mirrored = requires(StagerT & s, std::span<const TensorShape> shapes) { s.frame(shapes); };
+    bool packs() const noexcept {
+        if constexpr (mirrored) {
+            return stager->pack_limit() > 0;
+        } else {
+            return false;
+        }
+    }
     static constexpr bool retained = requires(StagerT & s) { s.detach(std::size_t{0}); };
 
     Harness(std::uint8_t config, Strategy strategy)
@@ -288,6 +297,8 @@ public:
         }
         pending.clear();
         while (!live.empty()) drop_at(live.size() - 1);
+        for (Record* r : framed) r->frame.reset();  // unbound frames given back: release() refuses under one
+        framed.clear();
         Status released = stager->release();
         if (!released) {
             // Work whose wait failed keeps its slot's memory; once the failures are forgotten
@@ -508,7 +519,12 @@ private:
     }
 
     void frame(Input& in) {
-        if constexpr (packs) {
+        if constexpr (mirrored) {
+            if (!packs()) {
+                const TensorShape shape{64, Direction::In};
+                EXPECT(stager->frame(std::span(&shape, 1)).status().code() == Errc::not_supported);
+                return;
+            }
             std::vector<TensorShape> shapes(in.byte() % 7);
             for (TensorShape& shape : shapes) {
                 shape.bytes = sizes[in.byte() % size_count];
@@ -529,19 +545,19 @@ private:
             EXPECT(any_free && !shapes.empty() && made->size() == shapes.size());
             unframed(made->slot(), nullptr);
             Record& r = new_record();
-            r.frame = *made;
-            r.slot = made->slot();
+            r.frame.emplace(std::move(*made));
+            r.slot = r.frame->slot();
             r.mirror = stager->strategy(r.slot).mirror();
             bump(r.slot);
             const std::uint8_t seed = in.byte();
             for (std::size_t i = 0; i < shapes.size(); ++i) {
-                const std::span<std::byte> host = made->host(i);
+                const std::span<std::byte> host = r.frame->host(i);
                 EXPECT(host.size() == shapes[i].bytes);
                 if (shapes[i].direction != Direction::Out) {
                     const std::vector<std::byte> bytes = pattern(host.size(), static_cast<std::uint8_t>(seed + i));
                     std::copy(bytes.begin(), bytes.end(), host.begin());
                 }
-                r.args.push_back(made->args()[i]);
+                r.args.push_back(r.frame->args()[i]);
                 r.staged.push_back(shapes[i].bytes > 0);
                 r.before.emplace_back(host.begin(), host.end());
             }
@@ -566,7 +582,8 @@ private:
     }
 
     void bind_frame(Input& in) {
-        if constexpr (packs) {
+        if constexpr (mirrored) {
+            if (!packs()) return;
             const std::uint8_t how = in.byte();
             const bool streamed = (how & 1) != 0;
             const std::size_t stream = ((how >> 1) & 3) % stream_count;
@@ -575,7 +592,7 @@ private:
             const std::uint8_t pick = in.byte();
             if (framed.empty() || variant == 5) {
                 if (stale.empty()) return;
-                const HostFrame& old = stale[pick % stale.size()];
+                const HostFrame& old = *stale[pick % stale.size()];
                 Result<StagedRun> bound = streamed ? stager->bind(old, streams[stream]) : stager->bind(old);
                 EXPECT(!bound.ok() && bound.status().code() == Errc::invalid_argument &&
                        !bound.status().message().empty());
@@ -626,7 +643,7 @@ private:
                 // A bind that failed after its uploads were enqueued used the frame up; one that
                 // failed before did not.
                 if (r.maybe_bound && bound.status().code() == Errc::invalid_argument) {
-                    stale.push_back(*r.frame);
+                    stale.push_back(&*r.frame);
                     framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(index));
                 } else {
                     r.maybe_bound = true;
@@ -635,7 +652,7 @@ private:
             }
             EXPECT(bound->slot() == r.slot);
             framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(index));
-            stale.push_back(*r.frame);
+            stale.push_back(&*r.frame);
             r.epoch = moved ? ~std::uint64_t{0} : epochs_[r.slot];
             start(r, std::move(*bound), streamed, stream);
             if (launch_now) launch(r, live.back().run);
@@ -645,8 +662,16 @@ private:
     }
 
     void release() {
+        // release() refuses while a frame is unbound or held by its run's Completion, and then
+        // changes nothing.
+        const bool frames =
+            !framed.empty() || std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.holds; });
         const Status released = stager->release();
         if (!released) EXPECT(!released.message().empty());
+        if (frames) {
+            EXPECT(released.code() == Errc::busy);
+            return;
+        }
         released_all(released);
         if (fault_free()) EXPECT(released.ok());
     }
@@ -667,7 +692,7 @@ private:
         for (const Pending& p : pending) EXPECT(!p.done.pending());
         for (std::size_t slot = 0; slot < slots_; ++slot) {
             EXPECT(stager->strategy(slot).capacity() == 0);
-            if constexpr (packs) EXPECT(stager->strategy(slot).mirror() == nullptr);
+            if constexpr (mirrored) EXPECT(stager->strategy(slot).mirror() == nullptr);
         }
         EXPECT(stager_held() == 0);
         deferred_base_ = stager->stats().deferred_frees;
@@ -723,7 +748,9 @@ private:
         drop_frames();  // the frames left were used up by their failed binds
         for (std::size_t slot = 0; slot < slots_; ++slot) {
             if constexpr (retained) EXPECT(stager->strategy(slot).capacity() >= bytes);
-            if constexpr (packs) EXPECT(stager->strategy(slot).mirror_capacity() >= bytes);
+            if constexpr (mirrored) {
+                if (packs()) EXPECT(stager->strategy(slot).mirror_capacity() >= bytes);
+            }
         }
     }
 
@@ -972,13 +999,13 @@ private:
                 continue;
             }
             EXPECT(r->maybe_bound);
-            stale.push_back(*r->frame);
+            stale.push_back(&*r->frame);
             framed.erase(framed.begin() + static_cast<std::ptrdiff_t>(i));
         }
     }
 
     void drop_frames() {
-        for (Record* r : framed) stale.push_back(*r->frame);
+        for (Record* r : framed) stale.push_back(&*r->frame);
         framed.clear();
     }
 
@@ -1002,32 +1029,34 @@ private:
             EXPECT(bound.ok());
             run_clean(r, std::move(*bound), streamed != 0, *fresh);
         }
-        if constexpr (packs) {
+        if constexpr (mirrored) clean_frame(*fresh);
+        EXPECT(mock.destroy_stream(*fresh).ok());
+    }
+
+    // A frame's run on `fresh`, when the stager packs.
+    void clean_frame(MockBackend::Stream fresh) requires mirrored {
+        if (packs()) {
             const TensorShape shapes[] = {
                 {5000, Direction::In}, {64, Direction::InOut}, {0, Direction::In}, {300, Direction::Out}};
             Result<HostFrame> made = stager->frame(shapes);
-            if (!made && limited_ && made.status().code() == Errc::out_of_memory) {
-                EXPECT(mock.destroy_stream(*fresh).ok());
-                return;
-            }
+            if (!made && limited_ && made.status().code() == Errc::out_of_memory) return;
             EXPECT(made.ok());
             Record& r = new_record();
-            r.frame = *made;
+            r.frame.emplace(std::move(*made));
             for (std::size_t i = 0; i < std::size(shapes); ++i) {
-                const std::span<std::byte> host = made->host(i);
+                const std::span<std::byte> host = r.frame->host(i);
                 if (shapes[i].direction != Direction::Out) std::fill(host.begin(), host.end(), std::byte{0x3C});
-                r.args.push_back(made->args()[i]);
+                r.args.push_back(r.frame->args()[i]);
                 r.staged.push_back(shapes[i].bytes > 0);
                 r.before.emplace_back(host.begin(), host.end());
             }
             r.kernel.value = 9;
             r.model();
-            Result<StagedRun> bound = stager->bind(*made, *fresh);
+            Result<StagedRun> bound = stager->bind(*r.frame, fresh);
             EXPECT(bound.ok());
             r.epoch = epochs_[bound->slot()];
-            run_clean(r, std::move(*bound), true, *fresh);
+            run_clean(r, std::move(*bound), true, fresh);
         }
-        EXPECT(mock.destroy_stream(*fresh).ok());
     }
 
     void run_clean(Record& r, StagedRun run, bool streamed, MockBackend::Stream stream) {
@@ -1123,7 +1152,7 @@ private:
     }
     std::uint64_t mirrors_held() const {
         std::uint64_t n = 0;
-        if constexpr (packs) {
+        if constexpr (mirrored) {
             for (std::size_t slot = 0; slot < slots_; ++slot) n += stager->strategy(slot).mirror() != nullptr;
         }
         return n;
@@ -1170,8 +1199,8 @@ private:
     std::optional<StagerT> stager;
     std::vector<Live> live;
     std::vector<Pending> pending;
-    std::vector<Record*> framed;   // unbound frames
-    std::vector<HostFrame> stale;  // frames bound or dropped: binding them again is an error
+    std::vector<Record*> framed;          // unbound frames
+    std::vector<const HostFrame*> stale;  // frames bound or dropped: binding them again is an error
     std::vector<std::uint64_t> epochs_;
 
     std::array<std::optional<std::uint64_t>, mock_op_count> call_faults_{};

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <string_view>
@@ -26,8 +27,10 @@
 #include "devstage/backends/detail/dynamic_library.hpp"
 #include "devstage/backends/detail/runtime_call.hpp"
 #include "devstage/backends/detail/stream_owners.hpp"
+#include "devstage/backends/detail/teardown_list.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
+#include "devstage/teardown.hpp"
 
 namespace devstage {
 
@@ -38,6 +41,10 @@ class AscendBackend {
 public:
     /// aclrtMalloc guarantees 64 bytes; the strategies align their own slices to 1024.
     static constexpr std::size_t device_alignment = 64;
+    /// The most a pinned pool asks of one aclrtMallocHost: 128 GiB. One call above about
+    /// 200 GB fails with 207001 (ACL_ERROR_RT_MEMORY_ALLOCATION); ACL cannot pin existing memory
+    /// for copies, so a bigger region cannot be registered in chunks either.
+    static constexpr std::size_t pinned_malloc_limit = std::size_t{128} << 30;
 
     /// An ACL stream (aclrtStream), made in this backend's context; the caller destroys it.
     struct Stream {
@@ -63,6 +70,10 @@ public:
         AscendBackend backend;
         backend.library_ = std::move(*library);
         backend.device_ = device_id;
+        backend.teardown_ = std::unique_ptr<detail::TeardownList>(new (std::nothrow) detail::TeardownList);
+        if (backend.teardown_ == nullptr) {
+            return Status(Errc::out_of_memory, "ascend: host memory exhausted making the backend");
+        }
         if (Status resolved = backend.resolve(); !resolved) return resolved;
         const acl::aclError init = backend.api_.init(nullptr);
         if (init != acl::success && init != acl::repeat_initialize) {
@@ -92,20 +103,32 @@ public:
           granularity_(other.granularity_),
           batch_(other.batch_),
           mapped_(other.mapped_),
-          events_(std::move(other.events_)) {}
+          events_(std::move(other.events_)),
+          teardown_(std::move(other.teardown_)) {}
     AscendBackend& operator=(AscendBackend&&) = delete;
     AscendBackend(const AscendBackend&) = delete;
     AscendBackend& operator=(const AscendBackend&) = delete;
-    /// Destroys the events never destroyed, the context (and with it any stream still in it)
-    /// and releases the device (aclFinalize is left to the process: other backends may still
-    /// use ACL).
+    /// Runs the teardown hooks first (TeardownBackend: pinned pools give back their memory and
+    /// destroy their events while the context is alive), then destroys the events never
+    /// destroyed, the context (and with it any stream still in it) and releases the device
+    /// (aclFinalize is left to the process: other backends may still use ACL).
     ~AscendBackend() {
+        if (context_ != nullptr && teardown_) teardown_->run_all();
         if (context_ != nullptr) {
             events_.destroy_all(
                 [this](acl::aclrtEvent handle) { (void)call("aclrtDestroyEvent", api_.destroy_event, 0, handle); });
             (void)api_.destroy_context(context_);
         }
         if (device_open_) (void)api_.reset_device(device_);
+    }
+
+    /// TeardownBackend: `hook` runs before the backend resets its device.
+    Result<std::uint64_t> add_teardown_hook(TeardownHook hook) noexcept {
+        if (!teardown_) return Status(Errc::invalid_argument, "ascend add_teardown_hook: a moved-from backend");
+        return teardown_->add(hook, name());
+    }
+    void remove_teardown_hook(std::uint64_t id) noexcept {
+        if (teardown_) teardown_->remove(id);
     }
 
     std::string_view name() const noexcept { return "ascend"; }
@@ -428,6 +451,7 @@ private:
     detail::AclBatchApi batch_;
     detail::AclMappedApi mapped_;
     detail::AclEventList events_;
+    std::unique_ptr<detail::TeardownList> teardown_;  // moves with the backend
 };
 
 static_assert(Backend<AscendBackend>);
@@ -440,6 +464,7 @@ static_assert(VirtualMemoryBackend<AscendBackend>);
 static_assert(BatchCopyBackend<AscendBackend>);
 static_assert(MappedHostBackend<AscendBackend>);
 static_assert(StreamCheckBackend<AscendBackend>);
+static_assert(TeardownBackend<AscendBackend>);
 
 }  // namespace devstage
 

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,8 +27,10 @@
 #include "devstage/backends/detail/cuda_vmm.hpp"
 #include "devstage/backends/detail/dynamic_library.hpp"
 #include "devstage/backends/detail/runtime_call.hpp"
+#include "devstage/backends/detail/teardown_list.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
+#include "devstage/teardown.hpp"
 
 namespace devstage {
 
@@ -37,6 +41,10 @@ class CudaBackend {
 public:
     /// cudaMalloc guarantees at least 256 bytes.
     static constexpr std::size_t device_alignment = 256;
+    /// The bytes a pinned pool registers with one cudaHostRegister: 1 GiB. One registration of
+    /// 512 GiB fails on the R580 drivers (chunks of 64 GiB work), Linux 6.11 to 6.13 pin at
+    /// most 2 GB in one call, and one long registration holds the driver's locks throughout.
+    static constexpr std::size_t host_register_chunk_bytes = std::size_t{1} << 30;
 
     /// A CUDA stream (cudaStream_t). Streams made by create_stream are non-blocking (they do
     /// not synchronize with the legacy default stream); the caller destroys them. A stream
@@ -69,6 +77,10 @@ public:
         if (Status resolved = backend.resolve(); !resolved) return resolved;
         detail::resolve_cuda_batch(backend.library_, backend.batch_);
         backend.host_memory_.resolve(backend.library_);
+        backend.teardown_ = std::unique_ptr<detail::TeardownList>(new (std::nothrow) detail::TeardownList);
+        if (backend.teardown_ == nullptr) {
+            return Status(Errc::out_of_memory, "cuda: host memory exhausted making the backend");
+        }
         backend.stream_check_.resolve(backend.library_);
         int count = 0;
         if (Status s = detail::checked_call(backend.errors_, backend.site(), "cudaGetDeviceCount", 0,
@@ -97,11 +109,38 @@ public:
           mapped_(other.mapped_),
           maps_(other.maps_),
           device_(other.device_),
-          vmm_(std::move(other.vmm_)) {}
+          vmm_(std::move(other.vmm_)),
+          teardown_(std::move(other.teardown_)) {}
     CudaBackend& operator=(CudaBackend&&) = delete;
     CudaBackend(const CudaBackend&) = delete;
     CudaBackend& operator=(const CudaBackend&) = delete;
-    ~CudaBackend() = default;
+    /// Runs the teardown hooks (TeardownBackend): pinned pools over this device give their
+    /// memory back while the runtime is still loaded. The device is not reset (other backends of
+    /// the process may use it): reset_device() does that.
+    ~CudaBackend() {
+        if (teardown_) teardown_->run_all();
+    }
+
+    /// The teardown hooks run (pinned pools give back and unregister their memory, destroy
+    /// their events), then cudaDeviceReset: on the healthy path and after a sticky error alike,
+    /// no pinned memory outlives the reset. The backend stays usable (the runtime makes a new
+    /// context on the next call); not_supported when the runtime has no cudaDeviceReset.
+    Status reset_device() noexcept {
+        if (teardown_) teardown_->run_all();
+        if (host_memory_.device_reset == nullptr) {
+            return Status(Errc::not_supported,
+                          detail::message("cuda reset_device: ", library_.path(), " has no cudaDeviceReset"));
+        }
+        return call("cudaDeviceReset", host_memory_.device_reset, 0);
+    }
+    /// TeardownBackend: `hook` runs before the backend goes or reset_device() resets.
+    Result<std::uint64_t> add_teardown_hook(TeardownHook hook) noexcept {
+        if (!teardown_) return Status(Errc::invalid_argument, "cuda add_teardown_hook: a moved-from backend");
+        return teardown_->add(hook, name());
+    }
+    void remove_teardown_hook(std::uint64_t id) noexcept {
+        if (teardown_) teardown_->remove(id);
+    }
 
     std::string_view name() const noexcept { return "cuda"; }
     int device_id() const noexcept { return device_; }
@@ -408,6 +447,7 @@ private:
     bool maps_ = false;
     int device_ = 0;
     detail::CudaVirtualMemory vmm_;
+    std::unique_ptr<detail::TeardownList> teardown_;  // moves with the backend
 };
 
 static_assert(Backend<CudaBackend>);
@@ -423,6 +463,7 @@ static_assert(BatchCopyBackend<CudaBackend>);
 static_assert(HostRegisterBackend<CudaBackend>);
 static_assert(MappedHostBackend<CudaBackend>);
 static_assert(StreamCheckBackend<CudaBackend>);
+static_assert(TeardownBackend<CudaBackend>);
 
 }  // namespace devstage
 

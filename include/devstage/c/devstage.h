@@ -270,8 +270,10 @@ typedef struct devstage_frame devstage_frame;
 
 typedef int devstage_strategy;
 enum devstage_strategy_value {
-    DEVSTAGE_STRATEGY_RETAINED = 0,  /* RetainedBump: one device buffer per slot, kept across runs */
-    DEVSTAGE_STRATEGY_PER_TENSOR = 1 /* PerTensorMalloc: one allocation per staged arg per run */
+    DEVSTAGE_STRATEGY_RETAINED = 0,    /* RetainedBump: one device buffer per slot, kept across runs */
+    DEVSTAGE_STRATEGY_PER_TENSOR = 1,  /* PerTensorMalloc: one allocation per staged arg per run */
+    DEVSTAGE_STRATEGY_RETAINED_VMM = 2 /* RetainedVmm: one buffer per slot grown in place (virtual memory):
+                                          its address never changes; the backend needs virtual memory */
 };
 
 typedef int devstage_growth;
@@ -287,8 +289,8 @@ enum devstage_grow_order_value {
     DEVSTAGE_GROW_FREE_FIRST = 1      /* free the old buffer first (least peak memory) */
 };
 
-/* The packing limits the library is built with (a stager packs args of at most this many bytes
- * into one copy each way); pack_limit must be 0 or one of them. */
+/* Packing limits in common use (a stager packs args of at most this many bytes into one copy each
+ * way); pack_limit takes any value. */
 #define DEVSTAGE_PACK_LIMIT_4K ((size_t)4096)
 #define DEVSTAGE_PACK_LIMIT_16K ((size_t)16384)
 #define DEVSTAGE_PACK_LIMIT_64K ((size_t)65536)
@@ -301,19 +303,25 @@ enum devstage_output_policy_value {
 };
 
 /* How a stager stages. All zeros (or NULL) is the default: retained, no packing, one slot,
- * exact growth, allocate first, no cap, Out args zeroed. Slices are aligned to 1024 bytes. */
+ * exact growth, allocate first, no cap, Out args zeroed. Slices are aligned to 1024 bytes. New
+ * fields are appended at the end: a config zeroed before its fields are set keeps its meaning. */
 typedef struct devstage_stager_config {
     devstage_strategy strategy;
-    size_t pack_limit;          /* 0: one copy per arg; else a DEVSTAGE_PACK_LIMIT_* (retained
-                                   only, and the backend needs pinned memory) */
+    size_t pack_limit;          /* 0: one copy per arg; else args of at most this many bytes move in
+                                   one copy each way through a pinned mirror (retained only, and the
+                                   backend needs pinned memory); frames need it above 0 */
     size_t pipeline_slots;      /* 0 counts as 1; at most 256 */
     devstage_growth growth;     /* the retained strategy only, as are the next five fields */
     uint32_t growth_numerator;  /* geometric: a factor above 1 (numerator > denominator > 0) */
     uint32_t growth_denominator;
     size_t growth_granule;      /* granular: a power of two */
-    size_t growth_cap;          /* 0: none; else a plan over it fails, a grow past it is clamped */
+    size_t growth_cap;          /* 0: none; else a plan over it fails, a grow past it is clamped;
+                                   retained_vmm: the bytes reserved, 0: 64 GiB (a plan over it fails) */
     devstage_grow_order grow_order;
     devstage_output_policy output_policy;
+    int map_small;              /* nonzero: the small args (pack_limit) lie in the mirror mapped for
+                                   the device where the backend maps it, read and written by the
+                                   kernel in place (no copy); elsewhere they are copied */
 } devstage_stager_config;
 
 /* Where a stager or pool reports failures that have no caller to return to (a dropped run, a
@@ -384,9 +392,10 @@ DEVSTAGE_C_API devstage_status devstage_order_after_uploads(devstage_stager* sta
 
 /* Ends the run: copies back Out and InOut args when `execution` is DEVSTAGE_OK (pass the
  * kernel's failure to copy nothing back), releases what the run holds, and returns the first
- * failure of its own copy-backs and releases. The kernel must have completed. The run handle
- * is consumed, except for a run of another stager (DEVSTAGE_INVALID_ARGUMENT): that one is
- * left as it was. */
+ * failure of its own copy-backs and releases. The kernel must have completed. A finish that
+ * ran consumes the run handle, whatever it returned; a refused one (a run of another stager, a
+ * stream that is not a live stream of the stager's backend and device: DEVSTAGE_INVALID_ARGUMENT)
+ * leaves the run live and usable, as it was. */
 DEVSTAGE_C_API devstage_status devstage_finish(devstage_stager* stager, devstage_run* run, devstage_status execution);
 /* As devstage_finish, enqueued on `stream` after the kernel there; *completion tells when the
  * outputs are in host memory. On another stream than the bind's, `stream` first waits for the
@@ -424,18 +433,29 @@ typedef struct devstage_tensor_shape {
 
 /* The pinned mirror of a free slot laid out for `shapes`: write the inputs into
  * devstage_frame_host(), then bind the frame. The frame holds its slot until the run that bound
- * it ends (a synchronous finish, or the destruction of its completion) or the stager is
- * released; DEVSTAGE_NOT_SUPPORTED on a stager with pack_limit 0. */
+ * it ends (a synchronous finish, or the destruction of its completion); while a frame is unbound
+ * or its run's completion is held, devstage_stager_release is DEVSTAGE_BUSY. DEVSTAGE_NOT_SUPPORTED
+ * on a stager with pack_limit 0. */
 DEVSTAGE_C_API devstage_status devstage_frame_create(devstage_stager* stager, const devstage_tensor_shape* shapes,
                                                      size_t count, devstage_frame** frame);
 /* Tensor i's bytes in the frame (aligned to 1024); NULL and 0 for a device-resident or
- * zero-byte tensor. Outputs are copied back here. */
+ * zero-byte tensor. Outputs are copied back here. A frame answers while its memory is its own:
+ * from devstage_frame_create until its slot is taken by a later frame or bind (which the stager
+ * allows once the frame's run ended), or the stager is released, reserved, abandoned or
+ * destroyed; then DEVSTAGE_INVALID_ARGUMENT, never an address that is another run's or freed. */
 DEVSTAGE_C_API devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void** data, size_t* bytes);
+/* Every tensor's place at once, as devstage_frame_host gives each: data[0..count) and, unless
+ * `bytes` is NULL, bytes[0..count). `count` must be the frame's number of tensors. */
+DEVSTAGE_C_API devstage_status devstage_frame_hosts(const devstage_frame* frame, void** data, size_t* bytes,
+                                                    size_t count);
+/* The pipeline slot the frame lays out (its memory is that slot's mirror). */
+DEVSTAGE_C_API devstage_status devstage_frame_slot(const devstage_frame* frame, size_t* slot);
 DEVSTAGE_C_API devstage_status devstage_bind_frame(devstage_stager* stager, const devstage_frame* frame,
                                                    devstage_run** run);
 DEVSTAGE_C_API devstage_status devstage_bind_frame_on(devstage_stager* stager, const devstage_frame* frame,
                                                       devstage_stream stream, devstage_run** run);
-/* Frees the handle (a view). Its memory stays valid while the frame's slot is held. */
+/* Frees the handle. A frame not yet bound gives its slot back (its memory is no longer the
+ * caller's); a bound frame's memory stays its run's until the run ends. */
 DEVSTAGE_C_API devstage_status devstage_frame_destroy(devstage_frame* frame);
 
 /* A stager's counters since its creation: every StagerStats counter, field for field (new

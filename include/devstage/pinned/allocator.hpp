@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "devstage/backend.hpp"
-#include "devstage/pinned/core.hpp"
+#include "devstage/pinned/detail/interface.hpp"
 #include "devstage/pinned/pool.hpp"
 
 namespace devstage {

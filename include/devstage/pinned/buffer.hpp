@@ -15,12 +15,13 @@
 
 #include "devstage/backend.hpp"
 #include "devstage/detail/util/align.hpp"
-#include "devstage/pinned/core.hpp"
+#include "devstage/pinned/detail/interface.hpp"
 
 namespace devstage {
 
 template <PinnedHostBackend B, class Cache>
 class PinnedHostPool;
+class PinnedRegionHandle;
 
 /// Pinned host memory held from a PinnedHostPool; given back when destroyed. Move-only.
 /// `auto buf = pool.allocate(n * sizeof(float)); std::span<float> v = buf->as<float>();`
@@ -79,6 +80,7 @@ public:
 private:
     template <PinnedHostBackend, class>
     friend class PinnedHostPool;
+    friend class PinnedRegionHandle;
     PinnedBuffer(std::shared_ptr<detail::PinnedCore> core, void* data, std::size_t size, std::uint64_t id) noexcept
         : core_(std::move(core)), data_(data), size_(size), id_(id) {}
 

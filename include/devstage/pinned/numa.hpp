@@ -128,18 +128,50 @@ inline Result<std::vector<int>> numa_online_nodes(const std::string& sysfs_root 
     return nodes;
 }
 
+namespace detail {
+/// A PCI address as sysfs names it ("dddd:bb:dd.f", lowercase, the domain in at least 4 hex
+/// digits): the domain in 4 to 8 hex digits (leading zeros past 4 dropped, as 8-digit domains
+/// some tools print), the bus and device in 2, the function one digit 0-7, nothing else — so
+/// no path component ("..", "/") ever reaches a sysfs path. nullopt when malformed.
+inline std::optional<std::string> sysfs_pci_address(std::string_view address) noexcept {
+    const auto hex = [](std::string_view digits) {
+        for (const char c : digits) {
+            if (std::isxdigit(static_cast<unsigned char>(c)) == 0) return false;
+        }
+        return true;
+    };
+    const std::size_t first = address.find(':');
+    if (first == std::string_view::npos) return std::nullopt;
+    std::string_view domain = address.substr(0, first);
+    const std::string_view rest = address.substr(first + 1);
+    // rest: "bb:dd.f"
+    if (domain.size() < 4 || domain.size() > 8 || !hex(domain) || rest.size() != 7 || rest[2] != ':' ||
+        rest[5] != '.' || !hex(rest.substr(0, 2)) || !hex(rest.substr(3, 2)) || rest[6] < '0' || rest[6] > '7') {
+        return std::nullopt;
+    }
+    while (domain.size() > 4 && domain.front() == '0') domain.remove_prefix(1);
+    std::string out;
+    if (!try_host_allocation([&] { out.append(domain).append(":").append(rest); })) {
+        return std::nullopt;
+    }
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+}  // namespace detail
+
 /// The NUMA node of a PCI device, from `<sysfs_root>/bus/pci/devices/<address>/numa_node`; -1
 /// when the kernel knows none (one node, or firmware that does not say). `pci_address` is
-/// "dddd:bb:dd.f" in either case (sysfs is lowercase). A device missing from sysfs is
-/// not_supported, naming the path; a malformed address or file, invalid_argument.
+/// "dddd:bb:dd.f" in either case (sysfs is lowercase; a domain of up to 8 digits is shortened
+/// to sysfs's 4 when its leading digits are zeros). An address of any other form — path
+/// components included — is invalid_argument, quoting it; a device missing from sysfs is
+/// not_supported, naming the path; a malformed file, invalid_argument.
 inline Result<int> numa_node_of_pci(std::string_view pci_address, const std::string& sysfs_root = "/sys") noexcept {
-    std::string address(pci_address);
-    for (char& c : address) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (address.empty() || address.find_first_not_of("0123456789abcdef:.") != std::string::npos) {
+    const std::optional<std::string> address = detail::sysfs_pci_address(pci_address);
+    if (!address) {
         return Status(Errc::invalid_argument,
                       detail::message("numa: '", pci_address, "' is not a PCI address (dddd:bb:dd.f)"));
     }
-    const std::string path = sysfs_root + "/bus/pci/devices/" + address + "/numa_node";
+    const std::string path = sysfs_root + "/bus/pci/devices/" + *address + "/numa_node";
     Result<std::string> text = detail::read_sysfs(path);
     if (!text) return text.status();
     const std::optional<int> node = detail::parse_int(*text);

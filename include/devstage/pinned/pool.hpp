@@ -2,20 +2,30 @@
 #pragma once
 /// \file
 /// PinnedHostPool: page-locked host memory from a backend, thread-safe and cached, handed out
-/// as PinnedBuffers or raw pointers.
+/// as PinnedBuffers or raw pointers; big requests pinned at their exact size in chunks, within
+/// the limits that apply; regions for slices; every pinned byte listed and described as regions
+/// for transfer engines; everything given back before the backend's device or context goes.
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "devstage/backend.hpp"
 #include "devstage/pinned/buffer.hpp"
 #include "devstage/pinned/cache.hpp"
-#include "devstage/pinned/core.hpp"
+#include "devstage/pinned/detail/core.hpp"
+#include "devstage/pinned/detail/stream_types.hpp"
 #include "devstage/pinned/numa.hpp"
+#include "devstage/pinned/region_handle.hpp"
+#include "devstage/pinned/regions.hpp"
+#include "devstage/pinned/stats.hpp"
+#include "devstage/region.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage {
@@ -23,9 +33,12 @@ namespace devstage {
 /// A pool of page-locked host memory over one backend instance (and so that backend's
 /// device, never the calling thread's current one), whose memory streams of other backend
 /// instances of type B may use too (record() with the stream's backend). Thread-safe: every
-/// call may come from any thread. The backend must accept concurrent calls and outlive the pool
-/// and every buffer and container holding memory from it; so must every backend named in a
-/// record(), unless forget() let go of it.
+/// call may come from any thread. The backend must accept concurrent calls. A backend that
+/// models TeardownBackend (every one devstage ships) tells the pool before its device or
+/// context goes, and the pool gives everything back then (see docs/pinned.md, "Teardown
+/// order"); any other backend must outlive the pool and every buffer, container and region
+/// handle holding memory from it; so must every backend named in a record(), unless forget()
+/// let go of it.
 /// `PinnedHostPool<SimBackend> pool(sim); auto buf = pool.allocate(1 << 20);`
 template <PinnedHostBackend B, class Cache = CachingPinned>
 class PinnedHostPool {
@@ -33,13 +46,18 @@ class PinnedHostPool {
 
 public:
     explicit PinnedHostPool(B& backend, Cache cache = {})
-        : core_(std::make_shared<Core>(backend, std::move(cache), NumaPlacement{})) {}
+        : core_(std::make_shared<Core>(backend, std::move(cache), PinnedPoolOptions{})) {}
+    /// With options for big requests (ExactPinning), the limits checked first (PinLimits) and
+    /// NUMA placement (taken only when B models HostRegisterBackend).
+    /// `PinnedHostPool<SimBackend> pool(sim, {}, PinnedPoolOptions{.exact = {.threshold = 1 << 20}});`
+    PinnedHostPool(B& backend, Cache cache, PinnedPoolOptions options)
+        : core_(std::make_shared<Core>(backend, std::move(cache), std::move(options))) {}
     /// With NUMA placement (`numa.enabled`): one arena per NUMA node, allocate_near() serving
     /// each device from its nearest node (pinned/numa.hpp). `backend` pins the nodes' blocks in
     /// place (host_register); allocate() still takes its pinned_malloc memory.
     /// `PinnedHostPool<CudaBackend> pool(gpu0, {}, NumaPlacement{.enabled = true});`
     PinnedHostPool(B& backend, Cache cache, NumaPlacement numa) requires HostRegisterBackend<B>
-        : core_(std::make_shared<Core>(backend, std::move(cache), std::move(numa))) {}
+        : core_(std::make_shared<Core>(backend, std::move(cache), PinnedPoolOptions{.numa = std::move(numa)})) {}
     PinnedHostPool(const PinnedHostPool&) = delete;
     PinnedHostPool& operator=(const PinnedHostPool&) = delete;
     /// Refuses every later allocation (through allocator copies, or one in flight), frees the
@@ -51,7 +69,11 @@ public:
         if (Status status = core_->close(); !status) core_->report(status);
     }
 
-    /// Pinned memory of at least `bytes` (> 0) bytes, given back when the buffer dies.
+    /// Pinned memory of at least `bytes` (> 0) bytes, given back when the buffer dies. Below
+    /// the exact threshold (PinnedPoolOptions::exact) a block of the cache policy's size class;
+    /// at and above it, exactly `bytes` rounded up to whole pages, pinned in place in chunks
+    /// after the limits were checked (a request past them is out_of_memory naming the limit,
+    /// and nothing is pinned).
     Result<PinnedBuffer> allocate(std::size_t bytes) noexcept {
         Result<detail::PinnedCore::Grant> grant = core_->allocate(bytes, 1, detail::PinnedHolder::buffer);
         if (!grant) return grant.status();
@@ -151,6 +173,43 @@ public:
     /// lost, and the backend must then stay alive. No other call may use `stream_backend` with
     /// this pool meanwhile. `pool.forget(gpu3);`
     Status forget(B& stream_backend) noexcept requires AsyncBackend<B> { return core_->forget(stream_backend); }
+
+    // ---- regions ----------------------------------------------------------------------------
+
+    /// A region of `bytes` (rounded up to whole pages) pinned at its exact size in chunks, for
+    /// slices (PinnedRegionHandle::allocate, RegionAllocator): the limits are checked first; with
+    /// `options.threads` the chunks are registered in background threads after the call returns
+    /// (progress(), ready(), wait(), cancel()), else before it returns. A chunk that fails rolls
+    /// the whole region back (ready() and wait() then say why). A backend without host_register
+    /// pins it with one pinned_malloc, in the calling thread.
+    /// `auto region = pool.create_region(bytes, {.threads = 2}); if (region) region->wait();`
+    Result<PinnedRegionHandle> create_region(std::size_t bytes, RegionOptions options = {}) noexcept {
+        Result<std::uint64_t> id = core_->create_region(bytes, options);
+        if (!id) return id.status();
+        return PinnedRegionHandle(core_, *id, core_->region_base(*id), bytes);
+    }
+
+    /// Every region of the pool: each block it holds from the backend (live, cached or pending;
+    /// size-class blocks and exact ones) and each region made with create_region once
+    /// registered — base, bytes, NUMA node, kind pinned_host. Every pinned byte the pool hands
+    /// out lies in one of them.
+    std::vector<PinnedRegion> regions() const { return core_->regions(); }
+
+    /// The hooks an engine registers regions with: `added` runs at once for every region listed
+    /// now, then for each new region before any slice of it is handed out; `removing` before a
+    /// region is unregistered and freed. Replacing hooks runs the old `removing` for every
+    /// listed region first. An `added` that fails here undoes what the new hooks did (their
+    /// `removing` for the regions they accepted), keeps the old hooks and returns the failure;
+    /// one that fails for a new region fails what created it (an allocation, create_region),
+    /// which frees the memory and returns the hook's error. Hooks run one at a time, in the
+    /// thread that creates or frees the region (a registration thread for create_region with
+    /// threads), and must not allocate from or give back to this pool.
+    Status set_region_hooks(RegionHooks hooks) noexcept { return core_->set_region_hooks(std::move(hooks)); }
+
+    /// The slice `pointer` lies in: its region's id, its offset there, and the bytes from it
+    /// to the end of the live allocation holding it (to the end of the region when none does);
+    /// nullopt when it is not the pool's pinned memory.
+    std::optional<RegionSlice> describe(const void* pointer) const noexcept { return core_->describe(pointer); }
 
     /// Frees every cached block, first waiting for the recorded work of pending ones (the host
     /// blocks), and the retiring blocks likewise. Allocations still live stay valid: they are

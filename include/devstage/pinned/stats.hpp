@@ -2,7 +2,8 @@
 #pragma once
 /// \file
 /// PinnedStats: the counters of a PinnedHostPool (live, cached, pending and retiring blocks,
-/// backend calls, finalized and detached allocations, host waits, events).
+/// backend calls, finalized and detached allocations, host waits, events, locked bytes and
+/// regions).
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
@@ -50,6 +51,21 @@ struct PinnedStats {
     /// the kernel refused to bind to and took the backend's pinned_malloc memory instead.
     std::uint64_t numa_blocks = 0;
     std::uint64_t numa_fallbacks = 0;
+    /// Bytes pinned from the backend now: every block and region the pool holds — live, cached,
+    /// pending, or a region's — at its full size (a size class, or whole pages of an exact
+    /// request). `locked_bytes / live_bytes` is the over-lock of what is held.
+    std::uint64_t locked_bytes = 0;
+    /// Regions listed now (regions(): every block from the backend, and each create_region).
+    std::uint64_t regions = 0;
+    /// host_register calls that pinned a chunk of an exact-size block or a region.
+    std::uint64_t registered_chunks = 0;
+    /// Big requests refused before anything was pinned: past the cgroup's memory limit or
+    /// RLIMIT_MEMLOCK (pinned/limits.hpp).
+    std::uint64_t limit_refusals = 0;
+    /// Allocations still held when the backend was torn down whose pinned_malloc memory went
+    /// back then (their holders must not touch it), and their bytes.
+    std::uint64_t revoked_allocations = 0;
+    std::uint64_t revoked_bytes = 0;
 };
 
 }  // namespace devstage

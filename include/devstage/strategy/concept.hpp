@@ -3,8 +3,10 @@
 /// \file
 /// The interface a temporary-buffer strategy offers the Stager: the StagingStrategy concept
 /// (each operation its own named concept, so a strategy missing one is rejected naming it),
-/// the Requirement a strategy must meet before a run, and the FreeQueue through which it gives
-/// back device memory that pending stream work may still touch.
+/// its refinements for retained buffers and for buffers with a pinned host mirror, the
+/// Requirement a strategy must meet before a run, and the FreeQueue through which it gives back
+/// device memory that pending stream work may still touch. The Stager uses nothing of a
+/// strategy beyond these concepts (docs/staging.md has them as a table).
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
@@ -12,16 +14,17 @@
 #include <bit>
 #include <concepts>
 #include <cstddef>
-#include <new>
 #include <type_traits>
-#include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/util/message.hpp"
+#include "devstage/detail/strategy/free_queue.hpp"
+#include "devstage/detail/strategy/slice.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
+#include "devstage/strategy/growth.hpp"
+#include "devstage/strategy/packing.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage {
@@ -39,101 +42,18 @@ struct Requirement {
     bool device_slack_first = false;
     bool mirror_slack_first = false;
     /// Of device_bytes, those at the start that a mirror mapped for the device holds instead
-    /// of the device buffer (the packed region of a MapSmall run): such a strategy's buffer
+    /// of the device buffer (the packed region of a mapped run): such a strategy's buffer
     /// needs device_bytes - mapped_bytes once its mirror is mapped. 0: none.
     std::size_t mapped_bytes = 0;
+    /// Map a new mirror for the device where the backend can (the stager maps small args).
+    bool map_mirror = false;
 };
 
 /// Device memory a strategy gives back goes through here: freed at once when no stream work
 /// of the slot is pending, else queued and freed by the Stager once the slot's pending work
 /// completed (StagerStats::deferred_frees). `queue.free(old_buffer)`
 template <Backend B>
-class FreeQueue {
-public:
-    using Settle = Status (*)(void* context) noexcept;
-
-    /// A queue with nothing pending: every free is immediate. For a strategy used on its own.
-    FreeQueue(B& backend, StagerStats& stats, ErrorSink sink = {}) noexcept
-        : backend_(&backend), stats_(&stats), sink_(sink) {}
-    /// A queue of a slot with pending work: frees go to `deferred` until `settle(context)`
-    /// (which blocks until the work completed and frees them) is called.
-    FreeQueue(B& backend, StagerStats& stats, ErrorSink sink, std::vector<void*>& deferred, Settle settle,
-              void* context) noexcept
-        : backend_(&backend), stats_(&stats), sink_(sink), deferred_(&deferred), settle_(settle), context_(context) {}
-
-    /// True when pending work may still touch memory this queue is given.
-    bool pending() const noexcept { return deferred_ != nullptr; }
-
-    /// Gives `allocation` (what device_malloc returned) back to the backend, now or once the
-    /// pending work completed. A failure is returned and counted (free_failures); the pointer
-    /// is then the backend's to account for. Should there be neither host memory to remember
-    /// the allocation nor a way to wait for the pending work, it stays allocated (counted in
-    /// free_failures, reported to the error sink): freeing it could pull memory from under
-    /// that work.
-    Status free(void* allocation) noexcept {
-        if (allocation == nullptr) return {};
-        if (deferred_ != nullptr) {
-            if (push(allocation)) {
-                ++stats_->deferred_frees;
-                return {};
-            }
-            if (deferred_ != nullptr) {
-                ++stats_->free_failures;
-                sink_(Status(Errc::out_of_memory,
-                             detail::message("device_free of ", static_cast<const void*>(allocation), " on backend '",
-                                             backend_->name(),
-                                             "' skipped: no host memory to defer it and its pending work could not "
-                                             "be waited for; it stays allocated")));
-                return {};
-            }
-        }
-        ++stats_->device_frees;
-        Status status = backend_->device_free(allocation);
-        if (!status) {
-            ++stats_->free_failures;
-            return Status(status.code(),
-                          detail::message("device_free of ", static_cast<const void*>(allocation),
-                                          " failed on backend '", backend_->name(), "': ", status.message()));
-        }
-        return status;
-    }
-
-    /// Blocks until the pending work completed and frees what was queued; afterwards every
-    /// free is immediate. For a strategy that must free before it allocates (GrowOrder::free_first).
-    Status settle() noexcept {
-        if (deferred_ == nullptr) return {};
-        Status status = settle_(context_);
-        if (status.ok()) deferred_ = nullptr;  // else the work may still run: frees stay deferred
-        return status;
-    }
-
-    /// Reports a failure no caller will see (the run it happened in still succeeds).
-    void report(const Status& status) const noexcept { sink_(status); }
-
-private:
-    bool push(void* allocation) noexcept {
-#if defined(__cpp_exceptions)
-        try {
-            deferred_->push_back(allocation);
-        } catch (const std::bad_alloc&) {
-            // No host memory to remember it: wait for the work instead, then free now (the
-            // caller sees deferred_ still set when that wait failed).
-            (void)settle();
-            return false;
-        }
-#else
-        deferred_->push_back(allocation);
-#endif
-        return true;
-    }
-
-    B* backend_;
-    StagerStats* stats_;
-    ErrorSink sink_;
-    std::vector<void*>* deferred_ = nullptr;
-    Settle settle_ = nullptr;
-    void* context_ = nullptr;
-};
+using FreeQueue = detail::FreeQueue<B>;
 
 namespace strategy_requires {
 
@@ -143,7 +63,7 @@ concept alignment = requires {
     requires std::has_single_bit(std::integral_constant<std::size_t, S::alignment>::value);
 };
 
-/// `S::lease_kind`: ReleaseKind::BufferNoop (slices of `base()`, cut by the Stager) or
+/// `S::lease_kind`: ReleaseKind::BufferNoop (slices of `base()`, laid out by the bump rule) or
 /// ReleaseKind::Free (one allocation per tensor, made by `acquire`).
 template <class S>
 concept lease_kind = requires {
@@ -159,7 +79,7 @@ concept prepare = requires(S& s, B& b, const Requirement& r, StagerStats& stats,
 };
 
 /// `s.acquire(b, tensor, arg, lease, stats)` noexcept -> Status: writes the lease of one
-/// staged arg (an allocation for Free strategies, a slice for BufferNoop ones).
+/// staged arg, its own allocation (a Free strategy's only).
 template <class S, class B>
 concept acquire = requires(S& s, B& b, const PlannedTensor& t, const TensorArg& a, TensorLease& l, StagerStats& st) {
     { s.acquire(b, t, a, l, st) }
@@ -189,20 +109,156 @@ concept inspection = requires(const S& cs) {
     noexcept->std::convertible_to<const void*>;
 };
 
+/// `cs.mirror()` -> std::byte*, `cs.mirror_capacity()` -> std::size_t: the pinned host mirror
+/// of the buffer's packed region (null and 0 before any packed run); `cs.mirror_device()` ->
+/// void*: its device address where it is mapped for the device, else null.
+template <class S>
+concept mirror = requires(const S& cs) {
+    { cs.mirror() }
+    noexcept->std::same_as<std::byte*>;
+    { cs.mirror_capacity() }
+    noexcept->std::same_as<std::size_t>;
+    { cs.mirror_device() }
+    noexcept->std::same_as<void*>;
+};
+
+/// `cs.device_need(requirement)` noexcept -> std::size_t: the device buffer bytes the
+/// requirement takes of the slot as its mirror is now (less the mapped region once mapped).
+template <class S>
+concept device_need = requires(const S& cs, const Requirement& r) {
+    { cs.device_need(r) }
+    noexcept->std::same_as<std::size_t>;
+};
+
+/// `S::packing`: a PackingPolicy, the defaults of the stager's pack limit and mapping.
+template <class S>
+concept packing = requires {
+    typename S::packing;
+    requires PackingPolicy<typename S::packing>;
+};
+
+/// `s.set_growth(rule)` noexcept: takes a GrowthRule chosen at run time (StagerOptions::growth).
+template <class S>
+concept growth_rule = requires(S& s, const GrowthRule& rule) {
+    { s.set_growth(rule) }
+    noexcept;
+};
+
+/// `s.set_grow_order(order)` noexcept: takes a GrowOrder chosen at run time (StagerOptions::grow_order).
+template <class S>
+concept grow_order = requires(S& s, GrowOrder order) {
+    { s.set_grow_order(order) }
+    noexcept;
+};
+
 }  // namespace strategy_requires
 
 /// A temporary-buffer strategy the Stager can stage runs of backend B through.
 /// `static_assert(devstage::StagingStrategy<RetainedBump<>, SimBackend>);`
 template <class S, class B>
-concept StagingStrategy =
-    Backend<B> && std::move_constructible<S> && std::copy_constructible<S> && strategy_requires::alignment<S> &&
-    strategy_requires::lease_kind<S> && strategy_requires::prepare<S, B> && strategy_requires::acquire<S, B> &&
+concept StagingStrategy = Backend<B> && std::move_constructible<S> && std::copy_constructible<S> &&
+    strategy_requires::alignment<S> && strategy_requires::lease_kind<S> && strategy_requires::prepare<S, B> &&
     strategy_requires::release_retained<S, B> && strategy_requires::abandon<S> && strategy_requires::inspection<S>;
 
-/// A strategy whose args live in one retained buffer the Stager slices itself.
+/// A strategy with one allocation per staged arg (ReleaseKind::Free), made by `acquire` and
+/// freed by the Stager through the lease when the run ends.
+template <class S, class B>
+concept AllocatingStrategy =
+    StagingStrategy<S, B> && S::lease_kind == ReleaseKind::Free&& strategy_requires::acquire<S, B>;
+
+/// A strategy whose args live in one retained buffer: each run's staged args are slices of
+/// `base()`, laid out by the bump rule at `alignment` (the Stager cuts them, in one pass with
+/// the plan), within `capacity()` once `prepare` met the run's Requirement.
 template <class S, class B>
 concept RetainedStrategy = StagingStrategy<S, B> && S::lease_kind == ReleaseKind::BufferNoop;
 
+/// A retained strategy with a pinned host mirror of its packed region: a stager over it packs
+/// small args (one copy each way), maps them for the device where the backend can, and hands
+/// out frames. Its `packing` policy gives the defaults of the stager's options.
+template <class S, class B>
+concept MirroredStrategy = RetainedStrategy<S, B> && strategy_requires::mirror<S> &&
+    strategy_requires::device_need<S> && strategy_requires::packing<S>;
+
+/// The lease of `tensor` (planned at S::alignment) in a retained strategy's buffer: the slice
+/// the Stager cuts for it. One outside the buffer is invalid_argument, never undefined behaviour.
+/// `Status s = devstage::slice(strategy, backend, tensor, args[tensor.arg_index], lease);`
+template <class S, class B>
+requires RetainedStrategy<S, B> Status slice(const S& strategy, const B& backend, const PlannedTensor& tensor,
+                                             const TensorArg& arg, TensorLease& lease)
+noexcept {
+    void* const base = const_cast<void*>(static_cast<const void*>(strategy.base()));  // NOLINT: the buffer's
+    return detail::slice_lease(base, strategy.capacity(), tensor, arg, lease, "retained buffer", backend);
+}
+
+namespace detail {
+
+/// The pack limit a stager over S defaults to: its packing policy's (0 without a mirror).
+template <class S>
+constexpr std::size_t pack_limit_of() noexcept {
+    if constexpr (strategy_requires::packing<S> && strategy_requires::mirror<S>) {
+        return S::packing::limit;
+    } else {
+        return 0;
+    }
+}
+
+/// Whether a stager over S maps its small args by default: its packing policy's choice.
+template <class S>
+constexpr bool maps_of() noexcept {
+    if constexpr (strategy_requires::packing<S> && strategy_requires::mirror<S>) {
+        return S::packing::map;
+    } else {
+        return false;
+    }
+}
+
+/// A strategy's base, as bytes (null when it holds nothing).
+template <class S>
+std::byte* base_of(const S& strategy) noexcept {
+    return static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(strategy.base())));  // NOLINT
+}
+
+/// A strategy's mirror (null without one).
+template <class S>
+std::byte* mirror_of(const S& strategy) noexcept {
+    if constexpr (strategy_requires::mirror<S>) {
+        return strategy.mirror();
+    } else {
+        (void)strategy;
+        return nullptr;
+    }
+}
+template <class S>
+std::size_t mirror_capacity_of(const S& strategy) noexcept {
+    if constexpr (strategy_requires::mirror<S>) {
+        return strategy.mirror_capacity();
+    } else {
+        (void)strategy;
+        return 0;
+    }
+}
+/// The device address of a strategy's mapped mirror; null when it is not mapped.
+template <class S>
+std::byte* mapped_mirror_of(const S& strategy) noexcept {
+    if constexpr (strategy_requires::mirror<S>) {
+        return static_cast<std::byte*>(strategy.mirror_device());
+    } else {
+        (void)strategy;
+        return nullptr;
+    }
+}
+/// The device buffer bytes `need` takes of a strategy's slot as its mirror is now.
+template <class S>
+std::size_t device_need_of(const S& strategy, const Requirement& need) noexcept {
+    if constexpr (strategy_requires::device_need<S>) {
+        return strategy.device_need(need);
+    } else {
+        (void)strategy;
+        return need.device_bytes;
+    }
+}
+
+}  // namespace detail
 }  // namespace devstage
 
 #endif  // DEVSTAGE_CXX20

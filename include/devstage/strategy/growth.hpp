@@ -5,14 +5,18 @@
 /// how large the next retained buffer is. A policy is any type with
 /// `Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept`
 /// returning a value >= required (or an error that fails the run before any backend call).
+/// Each rule is implemented once (detail::*_capacity): the compile-time policies and GrowthRule,
+/// the same rules with parameters chosen at run time, call the same arithmetic.
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 
-#include "devstage/detail/util/align.hpp"
+#include "devstage/detail/layout/bump.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/status.hpp"
 
@@ -24,6 +28,50 @@ concept GrowthPolicy = requires(const G& g, std::size_t current, std::size_t req
     { g.next_capacity(current, required) }
     noexcept->std::same_as<Result<std::size_t>>;
 };
+
+/// The order of a grow. `allocate_first` keeps the old buffer until the new one exists (the
+/// grow is transactional where memory allows; the device briefly holds both). `free_first`
+/// frees the old buffer before allocating (the least peak memory: for a device near full).
+enum class GrowOrder : std::uint8_t { allocate_first, free_first };
+
+namespace detail {
+
+/// max(required, current * num / den), computed exactly without overflow (num > den > 0); a
+/// product beyond std::size_t is out_of_memory naming the sizes.
+inline Result<std::size_t> geometric_capacity(std::size_t current, std::size_t required, std::size_t num,
+                                              std::size_t den) noexcept {
+    constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+    // current * num / den == (current / den) * num + (current % den) * num / den, exactly.
+    const std::size_t whole = current / den, rest = current % den;
+    if (whole > max / num || rest > max / num || whole * num > max - rest * num / den) {
+        return Status(Errc::out_of_memory, message("geometric growth: ", current, " bytes x ", num, "/", den,
+                                                   " does not fit in size_t (plan requires ", required, " bytes)"));
+    }
+    const std::size_t scaled = whole * num + rest * num / den;
+    return scaled > required ? scaled : required;
+}
+
+/// `required` rounded up to a multiple of `granule` (a power of two).
+inline Result<std::size_t> granular_capacity(std::size_t required, std::size_t granule) noexcept {
+    const auto rounded = align_up(required, granule);
+    if (!rounded) {
+        return Status(Errc::invalid_argument,
+                      message("granular growth: ", required, " bytes cannot be rounded to ", granule));
+    }
+    return *rounded;
+}
+
+/// `next` (an inner policy's answer for `required`) bounded by `cap`: a requirement over the cap
+/// is out_of_memory, an answer over it is clamped to it.
+inline Result<std::size_t> capped_capacity(Result<std::size_t> next, std::size_t required, std::size_t cap) noexcept {
+    if (required > cap) {
+        return Status(Errc::out_of_memory, message("retained buffer cap: required ", required, " bytes, cap ", cap));
+    }
+    if (!next) return next;
+    return *next > cap ? cap : *next;
+}
+
+}  // namespace detail
 
 /// Grows to exactly what the run requires: the least memory, one regrow per larger plan.
 /// Ideal when shapes settle (decode).
@@ -39,16 +87,7 @@ template <std::size_t Num, std::size_t Den>
 struct GeometricGrowth {
     static_assert(Den > 0 && Num > Den, "GeometricGrowth needs a factor above 1");
     Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept {
-        constexpr std::size_t max = static_cast<std::size_t>(-1);
-        // current * Num / Den == (current / Den) * Num + (current % Den) * Num / Den, exactly.
-        const std::size_t whole = current / Den, rest = current % Den;
-        if (whole > max / Num || rest > max / Num || whole * Num > max - rest * Num / Den) {
-            return Status(Errc::out_of_memory,
-                          detail::message("geometric growth: ", current, " bytes x ", Num, "/", Den,
-                                          " does not fit in size_t (plan requires ", required, " bytes)"));
-        }
-        const std::size_t scaled = whole * Num + rest * Num / Den;
-        return scaled > required ? scaled : required;
+        return detail::geometric_capacity(current, required, Num, Den);
     }
 };
 
@@ -58,12 +97,7 @@ template <std::size_t Granule>
 struct GranularGrowth {
     static_assert(Granule > 0 && (Granule & (Granule - 1)) == 0, "Granule must be a power of two");
     Result<std::size_t> next_capacity(std::size_t /*current*/, std::size_t required) const noexcept {
-        const auto rounded = detail::align_up(required, Granule);
-        if (!rounded) {
-            return Status(Errc::invalid_argument,
-                          detail::message("granular growth: ", required, " bytes cannot be rounded to ", Granule));
-        }
-        return *rounded;
+        return detail::granular_capacity(required, Granule);
     }
 };
 
@@ -77,13 +111,8 @@ public:
     explicit CappedGrowth(std::size_t cap_bytes, Inner inner = {}) noexcept : cap_(cap_bytes), inner_(inner) {}
 
     Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept {
-        if (required > cap_) {
-            return Status(Errc::out_of_memory,
-                          detail::message("retained buffer cap: required ", required, " bytes, cap ", cap_));
-        }
-        Result<std::size_t> next = inner_.next_capacity(current, required);
-        if (!next) return next;
-        return *next > cap_ ? cap_ : *next;
+        if (required > cap_) return detail::capped_capacity(required, required, cap_);
+        return detail::capped_capacity(inner_.next_capacity(current, required), required, cap_);
     }
     std::size_t cap() const noexcept { return cap_; }
 
@@ -92,10 +121,72 @@ private:
     Inner inner_;
 };
 
+/// The growth rules above with their parameters chosen at run time (from a configuration, the C
+/// interface, Python), and an optional cap. The same arithmetic as the compile-time policies.
+/// `RetainedBump<GrowthRule> strategy(*GrowthRule::geometric(3, 2));`
+class GrowthRule {
+public:
+    enum class Kind : std::uint8_t { exact, geometric, granular };
+
+    /// ExactGrowth, uncapped (the default).
+    constexpr GrowthRule() noexcept = default;
+    static constexpr GrowthRule exact() noexcept { return GrowthRule(); }
+    /// GeometricGrowth<num, den>; invalid_argument unless num > den > 0.
+    static Result<GrowthRule> geometric(std::size_t num, std::size_t den) noexcept {
+        if (den == 0 || num <= den) {
+            return Status(Errc::invalid_argument, detail::message("geometric growth ", num, "/", den,
+                                                                  " is not a factor above 1 (numerator > denominator "
+                                                                  "> 0)"));
+        }
+        GrowthRule rule;
+        rule.kind_ = Kind::geometric;
+        rule.num_ = num;
+        rule.den_ = den;
+        return rule;
+    }
+    /// GranularGrowth<granule>; invalid_argument unless granule is a power of two.
+    static Result<GrowthRule> granular(std::size_t granule) noexcept {
+        if (granule == 0 || (granule & (granule - 1)) != 0) {
+            return Status(Errc::invalid_argument,
+                          detail::message("growth granule ", granule, " is not a power of two"));
+        }
+        GrowthRule rule;
+        rule.kind_ = Kind::granular;
+        rule.granule_ = granule;
+        return rule;
+    }
+    /// This rule bounded as CappedGrowth bounds its inner policy (cap 0: no cap).
+    constexpr GrowthRule capped(std::size_t cap_bytes) const noexcept {
+        GrowthRule rule = *this;
+        rule.cap_ = cap_bytes;
+        return rule;
+    }
+
+    Result<std::size_t> next_capacity(std::size_t current, std::size_t required) const noexcept {
+        if (cap_ != 0 && required > cap_) return detail::capped_capacity(required, required, cap_);
+        Result<std::size_t> next = required;
+        if (kind_ == Kind::geometric) next = detail::geometric_capacity(current, required, num_, den_);
+        if (kind_ == Kind::granular) next = detail::granular_capacity(required, granule_);
+        return cap_ != 0 ? detail::capped_capacity(next, required, cap_) : next;
+    }
+
+    constexpr Kind kind() const noexcept { return kind_; }
+    constexpr std::size_t numerator() const noexcept { return num_; }
+    constexpr std::size_t denominator() const noexcept { return den_; }
+    constexpr std::size_t granule() const noexcept { return granule_; }
+    /// 0: no cap.
+    constexpr std::size_t cap() const noexcept { return cap_; }
+
+private:
+    Kind kind_ = Kind::exact;
+    std::size_t num_ = 1, den_ = 1, granule_ = 1, cap_ = 0;
+};
+
 static_assert(GrowthPolicy<ExactGrowth>);
 static_assert(GrowthPolicy<GeometricGrowth<3, 2>>);
 static_assert(GrowthPolicy<GranularGrowth<4096>>);
 static_assert(GrowthPolicy<CappedGrowth<>>);
+static_assert(GrowthPolicy<GrowthRule>);
 
 }  // namespace devstage
 

@@ -3,37 +3,31 @@
 /// \file
 /// RetainedBump: one device buffer kept across runs, sized from each run's plan, grown only
 /// when too small, never shrunk, bump-sliced per tensor. Once shapes settle a run makes no
-/// device allocation at all. With PackSmall, a pinned host mirror of the buffer lets a run's
-/// small args move with one copy each way.
+/// device allocation at all. A pinned host mirror of the buffer's packed region, allocated at
+/// the first packed run, lets a run's small args move with one copy each way (or, mapped, with
+/// none); the Packing policy is the stager's default for packing and mapping.
 
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 #include "devstage/backend.hpp"
 #include "devstage/detail/strategy/device_alloc.hpp"
-#include "devstage/detail/strategy/slice.hpp"
+#include "devstage/detail/strategy/pinned_mirror.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
-#include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 #include "devstage/strategy/concept.hpp"
 #include "devstage/strategy/growth.hpp"
 #include "devstage/strategy/packing.hpp"
-#include "devstage/tensor.hpp"
 
 namespace devstage {
-
-/// The order of a grow. `allocate_first` keeps the old buffer until the new one exists (the
-/// grow is transactional where memory allows; the device briefly holds both). `free_first`
-/// frees the old buffer before allocating (the least peak memory: for a device near full).
-enum class GrowOrder : std::uint8_t { allocate_first, free_first };
 
 /// A retained device buffer handed between a stager and another owner (Stager::adopt and
 /// Stager::detach): what device_free takes, the aligned base, and the usable bytes from it.
@@ -55,16 +49,15 @@ struct RetainedBuffer {
 /// fails is counted (free_failures) and reported to the queue's sink, and the grow stands.
 /// Slices start at multiples of `Alignment` from a base aligned to `Alignment`: the exact size
 /// is asked for first, and over-allocated only when the backend's pointer is not aligned
-/// (StagerStats::alignment_retries). Leases are ReleaseKind::BufferNoop.
+/// (StagerStats::alignment_retries). Leases are ReleaseKind::BufferNoop. Models
+/// MirroredStrategy: `Packing` (NoPacking, PackSmall<N>, MapSmall<N>) gives the pack limit and
+/// mapping a Stager over it uses unless its StagerOptions say otherwise.
 ///
 /// Copying a RetainedBump copies its policy, not its buffer: the copy starts empty. Moving
 /// transfers the buffer. The owner (a Stager) gives the buffer back with release_retained().
 template <GrowthPolicy Growth = ExactGrowth, std::size_t Alignment = 1024, PackingPolicy Packing = NoPacking>
 class RetainedBump {
     static_assert(Alignment > 0 && (Alignment & (Alignment - 1)) == 0, "Alignment must be a power of two");
-    static constexpr bool packs = Packing::limit > 0;
-    static constexpr bool maps = packs && requires { requires Packing::map; };
-    struct NoMirror {};
 
 public:
     static constexpr std::size_t alignment = Alignment;
@@ -85,40 +78,32 @@ public:
     RetainedBump& operator=(RetainedBump&&) = delete;
     ~RetainedBump() = default;  // the owner releases or abandons the buffer first
 
-    /// Makes the slot hold at least `need.device_bytes` (and, packing, a mirror of at least
-    /// `need.mirror_bytes`). Mapping (MapSmall on a MappedHostBackend), the mirror comes first:
-    /// once it is mapped the buffer needs only `need.device_bytes - need.mapped_bytes`.
+    /// Makes the slot hold at least `need.device_bytes` and a mirror of at least
+    /// `need.mirror_bytes` (none asked: none made). Mapping (`need.map_mirror` on a
+    /// MappedHostBackend), the mirror comes first: once it is mapped the buffer needs only
+    /// `need.device_bytes - need.mapped_bytes`.
     template <Backend B>
     Status prepare(B& backend, const Requirement& need, StagerStats& stats, FreeQueue<B>& queue) noexcept {
-        if constexpr (maps && MappedHostBackend<B>) {
-            if (Status mirrored = prepare_mirror(backend, need, stats); !mirrored) return mirrored;
-            Requirement device = need;
-            device.device_bytes = device_need(need);
-            if (device.device_bytes > capacity_) return grow(backend, device, stats, queue);
-            return {};
+        if constexpr (MappedHostBackend<B>) {
+            if (need.map_mirror) {
+                if (Status mirrored = prepare_mirror(backend, need, stats); !mirrored) return mirrored;
+                Requirement device = need;
+                device.device_bytes = device_need(need);
+                if (device.device_bytes > capacity_) return grow(backend, device, stats, queue);
+                return {};
+            }
         }
         if (need.device_bytes > capacity_) {
             if (Status grown = grow(backend, need, stats, queue); !grown) return grown;
         }
-        if constexpr (packs) return prepare_mirror(backend, need, stats);
-        return {};
+        return prepare_mirror(backend, need, stats);
     }
 
     /// The device buffer bytes `need` takes of this slot as its mirror is now: without the
     /// packed region where the mirror is mapped for the device.
     std::size_t device_need(const Requirement& need) const noexcept {
-        if constexpr (maps) {
-            if (mirror_.device() != nullptr) return need.device_bytes - std::min(need.mapped_bytes, need.device_bytes);
-        }
+        if (mirror_.device() != nullptr) return need.device_bytes - std::min(need.mapped_bytes, need.device_bytes);
         return need.device_bytes;
-    }
-
-    /// Writes the slice for one planned tensor into `lease`. Precondition: prepare() succeeded
-    /// for this plan; a slice outside the buffer is still reported, never undefined behaviour.
-    template <Backend B>
-    Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
-                   StagerStats& /*stats*/) noexcept {
-        return detail::slice_lease(slot_.base, capacity_, tensor, arg, lease, "retained buffer", backend);
     }
 
     /// Gives the retained buffer (and the mirror) back to the backend now. The slot is empty
@@ -139,7 +124,7 @@ public:
                                                               backend.name(), "': ", status.message()));
             }
         }
-        if constexpr (packs) {
+        if constexpr (PinnedHostBackend<B>) {
             Status mirror = mirror_.release(backend, stats);
             if (first.ok()) first = std::move(mirror);
         }
@@ -151,7 +136,7 @@ public:
         stats.retained_bytes -= slot_.allocated;
         slot_ = {};
         capacity_ = 0;
-        if constexpr (packs) mirror_.abandon(stats);
+        mirror_.abandon(stats);
     }
 
     /// Takes ownership of a device buffer another owner allocated, as this slot's retained
@@ -194,34 +179,42 @@ public:
     void* base() const noexcept { return slot_.base; }
     const Growth& growth() const noexcept { return growth_; }
     GrowOrder order() const noexcept { return order_; }
-    /// The pinned host mirror (PackSmall): byte i mirrors byte i of the device buffer; null
-    /// without packing or before the first packed run.
-    std::byte* mirror() const noexcept {
-        if constexpr (packs) return mirror_.data();
-        return nullptr;
-    }
-    std::size_t mirror_capacity() const noexcept {
-        if constexpr (packs) return mirror_.capacity();
-        return 0;
-    }
-    /// The device address of the mirror where it is mapped for the device (MapSmall on a
-    /// MappedHostBackend whose map_host took it), else null: a slot then copies.
-    void* mirror_device() const noexcept {
-        if constexpr (maps) return mirror_.device();
-        return nullptr;
-    }
+    /// The growth rule from now on (RetainedBump<GrowthRule>: a stager's StagerOptions::growth).
+    void set_growth(const GrowthRule& rule) noexcept requires std::same_as<Growth, GrowthRule> { growth_ = rule; }
+    /// The order of later grows (a stager's StagerOptions::grow_order).
+    void set_grow_order(GrowOrder order) noexcept { order_ = order; }
+    /// The pinned host mirror: byte i mirrors byte i of the device buffer; null before the
+    /// first packed run.
+    std::byte* mirror() const noexcept { return mirror_.data(); }
+    std::size_t mirror_capacity() const noexcept { return mirror_.capacity(); }
+    /// The device address of the mirror where it is mapped for the device (a stager mapping its
+    /// small args on a MappedHostBackend whose map_host took it), else null: a slot then copies.
+    void* mirror_device() const noexcept { return mirror_.device(); }
 
 private:
     template <Backend B>
     Status prepare_mirror(B& backend, const Requirement& need, StagerStats& stats) noexcept {
         if (need.mirror_bytes <= mirror_.capacity()) return {};
+        if constexpr (!PinnedHostBackend<B>) {  // a Stager refuses packing over such a backend first
+            ++stats.grow_failures;
+            return Status(Errc::not_supported,
+                          detail::message("packed mirror: backend '", backend.name(), "' has no pinned host memory"));
+        } else {
+            return grow_mirror(backend, need, stats);
+        }
+    }
+
+    template <Backend B>
+    Status grow_mirror(B& backend, const Requirement& need, StagerStats& stats) noexcept {
         // A mapped mirror starts where map_host takes it (4 KiB for ACL).
         std::size_t alignment = Alignment;
-        if constexpr (maps && MappedHostBackend<B>) alignment = std::max(Alignment, B::host_map_alignment);
+        if constexpr (MappedHostBackend<B>) {
+            if (need.map_mirror) alignment = std::max(Alignment, B::host_map_alignment);
+        }
         Result<std::size_t> target = growth_.next_capacity(mirror_.capacity(), need.mirror_bytes);
         const std::size_t bytes = target && *target >= need.mirror_bytes ? *target : need.mirror_bytes;
         if (Status mirrored = mirror_.ensure(backend, bytes, need.mirror_bytes, alignment, stats, need.keep,
-                                             need.mirror_slack_first, maps);
+                                             need.mirror_slack_first, need.map_mirror);
             !mirrored) {
             ++stats.grow_failures;
             return mirrored;
@@ -310,7 +303,7 @@ private:
     GrowOrder order_ = GrowOrder::allocate_first;
     detail::AlignedAllocation slot_;
     std::size_t capacity_ = 0;
-    [[no_unique_address]] std::conditional_t<packs, detail::PinnedMirror, NoMirror> mirror_;
+    detail::PinnedMirror mirror_;
 };
 
 }  // namespace devstage

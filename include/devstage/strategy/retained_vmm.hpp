@@ -16,15 +16,12 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/strategy/slice.hpp"
 #include "devstage/detail/util/align.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
-#include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
 #include "devstage/strategy/concept.hpp"
-#include "devstage/tensor.hpp"
 
 namespace devstage {
 
@@ -107,12 +104,6 @@ public:
         ++stats.regrows;
         stats.retained_bytes += grow;
         return {};
-    }
-
-    template <Backend B>
-    Status acquire(B& backend, const PlannedTensor& tensor, const TensorArg& arg, TensorLease& lease,
-                   StagerStats& /*stats*/) noexcept {
-        return detail::slice_lease(base_, mapped_, tensor, arg, lease, "vmm buffer", backend);
     }
 
     /// Unmaps and frees every chunk (last first), then releases the reservation. The first

@@ -6,7 +6,8 @@
 // how their failures map: memory registered already (or overlapping a registered range) is
 // invalid_argument, a pointer never registered is unknown_pointer, as the simulator and the
 // mock report them. And where the device sits: its nearest host NUMA node
-// (cudaDevAttrHostNumaId) and its PCI address (cudaDeviceGetPCIBusId), for NUMA placement.
+// (cudaDevAttrHostNumaId) and its PCI address (cudaDeviceGetPCIBusId), for NUMA placement; and
+// cudaDeviceReset, for CudaBackend::reset_device (after pinned memory went back).
 
 #include <cstddef>
 #include <string>
@@ -32,9 +33,10 @@ struct CudaHostRegisterApi {
     cudart::cudaError_t (*host_unregister)(void*) = nullptr;
     cudart::cudaError_t (*device_get_attribute)(int*, int, int) = nullptr;
     cudart::cudaError_t (*get_pci_bus_id)(char*, int, int) = nullptr;
+    cudart::cudaError_t (*device_reset)() = nullptr;
 
     /// Both registration entry points, or neither (then every call is not_supported); the two
-    /// device queries each where exported.
+    /// device queries and the reset each where exported.
     void resolve(const DynamicLibrary& library) noexcept {
         CudaHostRegisterApi found;
         if (library.resolve("cudaHostRegister", found.host_register).ok() &&
@@ -43,6 +45,7 @@ struct CudaHostRegisterApi {
         }
         if (!library.resolve("cudaDeviceGetAttribute", device_get_attribute).ok()) device_get_attribute = nullptr;
         if (!library.resolve("cudaDeviceGetPCIBusId", get_pci_bus_id).ok()) get_pci_bus_id = nullptr;
+        if (!library.resolve("cudaDeviceReset", device_reset).ok()) device_reset = nullptr;
     }
 
     /// cudaDeviceGetAttribute(cudaDevAttrHostNumaId): -1 where the system has no NUMA.

@@ -30,6 +30,7 @@
 #include "devstage/backends/detail/mock_recorder.hpp"
 #include "devstage/backends/mock_journal.hpp"
 #include "devstage/detail/util/message.hpp"
+#include "devstage/instrumentation.hpp"
 #include "devstage/status.hpp"
 
 namespace devstage::detail {

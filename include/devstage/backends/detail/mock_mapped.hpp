@@ -2,13 +2,13 @@
 #pragma once
 // Private: MockBackend's mapped host memory and kernels — map_host and unmap_host, kernels that
 // say what they touch, and the host's own reads and writes checked against pending work — and
-// the checks of its asynchronous copies and batches (included by backends/mock.hpp).
+// the checks of its asynchronous copies and batches (assembled by backends/mock.hpp).
 
 #include <cstdint>
 #include <mutex>
 #include <span>
 
-#include "devstage/backends/mock.hpp"
+#include "devstage/backends/detail/mock_backend.hpp"
 
 namespace devstage {
 

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: MockBackend's allocation, free and synchronous copy — checked against its blocks,
-// its pending work and its injected faults, and journaled (included by backends/mock.hpp).
+// its pending work and its injected faults, and journaled (assembled by backends/mock.hpp).
 
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 
-#include "devstage/backends/mock.hpp"
+#include "devstage/backends/detail/mock_backend.hpp"
 
 namespace devstage {
 

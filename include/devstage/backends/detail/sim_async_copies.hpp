@@ -2,13 +2,13 @@
 #pragma once
 // Private: SimBackend's asynchronous copies and batches of copies — checked, counted in the
 // link model and enqueued on the stream's worker; from pageable memory the call returns once
-// the copy ran (included by backends/sim.hpp).
+// the copy ran (assembled by backends/sim.hpp).
 
 #include <memory>
 #include <mutex>
 #include <string_view>
 
-#include "devstage/backends/sim.hpp"
+#include "devstage/backends/detail/sim_backend.hpp"
 
 namespace devstage {
 

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: SimBackend's synchronous copies — checked, counted, charged to the link model, and
-// run directly from pinned memory or through the bounce buffer (included by backends/sim.hpp).
+// run directly from pinned memory or through the bounce buffer (assembled by backends/sim.hpp).
 
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <string_view>
 
-#include "devstage/backends/sim.hpp"
+#include "devstage/backends/detail/sim_backend.hpp"
 
 namespace devstage {
 

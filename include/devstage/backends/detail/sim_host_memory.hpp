@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Private: SimBackend's existing host memory pinned in place (host_register, host_unregister)
-// and its stream queries (included by backends/sim.hpp).
+// and its stream queries (assembled by backends/sim.hpp).
 
 #include <mutex>
 
-#include "devstage/backends/sim.hpp"
+#include "devstage/backends/detail/sim_backend.hpp"
 
 namespace devstage {
 

@@ -2,13 +2,13 @@
 #pragma once
 // Private: SimBackend's mapped host memory — map_host and unmap_host over its pinned memory —
 // and kernels that say what they touch, whose mapped accesses the link model charges as bytes
-// with no per-call latency (included by backends/sim.hpp).
+// with no per-call latency (assembled by backends/sim.hpp).
 
 #include <cstdint>
 #include <mutex>
 #include <span>
 
-#include "devstage/backends/sim.hpp"
+#include "devstage/backends/detail/sim_backend.hpp"
 
 namespace devstage {
 

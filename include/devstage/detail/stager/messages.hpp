@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "devstage/detail/stager/slot_state.hpp"
+#include "devstage/detail/transfer/failures.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/lease.hpp"
 #include "devstage/status.hpp"
@@ -83,7 +85,7 @@ inline std::string on_backend(std::string_view message, std::string_view backend
 [[gnu::cold]] inline Status stale_frame(std::size_t slot, std::string_view backend) noexcept {
     return Status(Errc::invalid_argument,
                   on_backend(message("stager bind: a stale frame of slot ", slot,
-                                     " (already bound, or dropped by release; ask frame() again)"),
+                                     " (already bound, or inert: its slot taken again, or its memory released; ask frame() again)"),
                              backend));
 }
 
@@ -105,22 +107,6 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                              backend));
 }
 
-[[gnu::cold]] inline Status stale_frame_arg(std::size_t index, const TensorArg& arg, std::ptrdiff_t planned,
-                                            std::string_view backend) noexcept {
-    return Status(Errc::invalid_argument,
-                  on_backend(message("stager bind: arg ", index, " (", arg.bytes,
-                                     " bytes) points into this stager's frame mirror, but the layout places it at "
-                                     "offset ",
-                                     planned, ": a frame whose sizes no longer match; bind the frame's own args()"),
-                             backend));
-}
-
-[[gnu::cold]] inline Status copy_failure(std::string_view what, std::size_t bytes, const Status& cause,
-                                         std::string_view backend) noexcept {
-    return Status(cause.code(), message("stager ", what, " (", bytes, " bytes) failed on backend '", backend,
-                                        "': ", cause.message()));
-}
-
 [[gnu::cold]] inline Status overlap_failure(std::size_t index, const TensorArg& arg, std::size_t slot, const void* host,
                                             std::size_t bytes, std::string_view backend) noexcept {
     return Status(Errc::busy,
@@ -132,6 +118,25 @@ inline std::string on_backend(std::string_view message, std::string_view backend
                                      "(finished on one stream, the copy-back is ordered before this bind's "
                                      "uploads)"),
                              backend));
+}
+
+// The frames that hold their slots' memory, by slot: unbound frames (bind or destroy them) and
+// frames whose run's Completion is still held (destroy or detach it); `state(i)` is slot i's.
+template <class State>
+[[gnu::cold]] Status frames_in_use(const char* what, std::size_t slots, State&& state,
+                                   std::string_view backend) noexcept {
+    std::string held;
+    for (std::size_t i = 0; i < slots; ++i) {
+        const SlotState s = state(i);
+        if (s != SlotState::framed && s != SlotState::held) continue;
+        held +=
+            message(held.empty() ? "" : "; ", "slot ", i,
+                    s == SlotState::framed
+                        ? " holds an unbound frame (bind it, or destroy the HostFrame)"
+                        : " holds a frame whose run's Completion is still held (destroy or detach that Completion)");
+    }
+    return Status(Errc::busy, message("stager ", what, ": frame memory is in use on backend '", backend, "': ", held,
+                                      "; nothing was released"));
 }
 
 [[gnu::cold]] inline Status with_context(const Status& cause, std::string_view context,

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
-#include "devstage/detail/stager/messages.hpp"
+#include "devstage/detail/transfer/failures.hpp"
 #include "devstage/detail/util/message.hpp"
 #include "devstage/detail/util/storage.hpp"
 #include "devstage/stats.hpp"

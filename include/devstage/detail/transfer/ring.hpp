@@ -1,53 +1,68 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Private: the pageable ring's part in a Transfers pass — which large leases go through the
-// ring, and their chunked upload and copy-back (included by transfers.hpp).
+// Private: the pageable ring's part in a run's transfers — which large leases go through the
+// ring, and their chunked upload and copy-back.
 
-#include "devstage/detail/transfer/transfers.hpp"
+#include <type_traits>
+
+#include "devstage/backend.hpp"
+#include "devstage/detail/transfer/failures.hpp"
+#include "devstage/detail/transfer/pinned_ring.hpp"
+#include "devstage/lease.hpp"
+#include "devstage/stats.hpp"
+#include "devstage/status.hpp"
+#include "devstage/tensor.hpp"
 
 namespace devstage::detail {
 
-// True when a large lease's host memory is pageable (see Stager::set_pageable_ring).
-template <class B, class Strategy, class Async>
-bool Transfers<B, Strategy, Async>::through_ring(const TensorLease& lease) const noexcept {
+/// The pageable ring of a stager over B (nothing without pinned host memory).
+template <class B, class A>
+using RingOf = std::conditional_t<PinnedHostBackend<B>, PinnedRing<B, A>, void>;
+
+/// True when a large lease's host memory is pageable (see Stager::set_pageable_ring).
+template <class B>
+bool through_ring(const B& backend, const TensorLease& lease) noexcept {
     if (lease.host_memory == HostMemory::pinned) return false;
     if (lease.host_memory == HostMemory::pageable) return true;
     if constexpr (PinnedQueryBackend<B>) {
-        return !backend_.is_pinned(lease.host);
+        return !backend.is_pinned(lease.host);
     } else {
+        (void)backend;
         return true;
     }
 }
 
-template <class B, class Strategy, class Async>
-Status Transfers<B, Strategy, Async>::ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept {
+template <class B, class A>
+Status ring_upload(B& backend, A& async, RingOf<B, A>* ring, const TensorLease& lease, typename A::Stream stream,
+                   StagerStats& stats, bool& enqueued) noexcept {
     if constexpr (PinnedHostBackend<B>) {
-        Status status = ring_->upload(backend_, async_, lease.device, lease.host, lease.bytes, stream, stats_);
+        Status status = ring->upload(backend, async, lease.device, lease.host, lease.bytes, stream, stats);
         enqueued = true;
         if (!status) {
-            return copy_failure("bind: upload through the pageable ring", lease.bytes, status, backend_.name());
+            return copy_failure("bind: upload through the pageable ring", lease.bytes, status, backend.name());
         }
-        ++stats_.ring_uploads;
-        stats_.bytes_to_device += lease.bytes;
+        ++stats.ring_uploads;
+        stats.bytes_to_device += lease.bytes;
         return status;
     } else {
-        (void)lease, (void)stream, (void)enqueued;
+        (void)backend, (void)async, (void)ring, (void)lease, (void)stream, (void)stats, (void)enqueued;
         return {};
     }
 }
 
-template <class B, class Strategy, class Async>
-Status Transfers<B, Strategy, Async>::ring_copy_back(const TensorLease& lease, Stream stream) noexcept {
+template <class B, class A>
+Status ring_copy_back(B& backend, A& async, RingOf<B, A>* ring, const TensorLease& lease, typename A::Stream stream,
+                      StagerStats& stats) noexcept {
     if constexpr (PinnedHostBackend<B>) {
-        Status status = ring_->download(backend_, async_, lease.host, lease.device, lease.bytes, stream, stats_);
+        Status status = ring->download(backend, async, lease.host, lease.device, lease.bytes, stream, stats);
         if (!status) {
-            return copy_failure("finish: copy back through the pageable ring", lease.bytes, status, backend_.name());
+            return copy_failure("finish: copy back through the pageable ring", lease.bytes, status, backend.name());
         }
-        ++stats_.ring_copy_backs;
-        stats_.bytes_from_device += lease.bytes;
+        ++stats.ring_copy_backs;
+        stats.bytes_from_device += lease.bytes;
         return status;
     } else {
-        (void)lease, (void)stream;
+        (void)backend, (void)async, (void)ring, (void)lease, (void)stream, (void)stats;
         return {};
     }
 }

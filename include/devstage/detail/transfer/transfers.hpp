@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Private: the passes of a Stager that lay a run out and move its bytes — the fused slicing
-// pass of retained unpacked strategies and its upload loop, the general staging pass (slices or
-// per-tensor allocations, packed args gathered into the mirror), the copy-backs, the packed
-// copies and their unpacking, and the pageable ring's part in them. A Transfers is made on the
-// stack for one call: references to the stager's backend, stream view, counters and ring.
+// Private: the passes that lay a run out and move its bytes — the fused slicing pass of a
+// retained buffer without packing and its uploads, the general staging pass (slices or
+// allocations, packed args gathered into the mirror), the copy-backs — over a run's RunRecord
+// and its slot's memory (RunMemory), never the slot. Made on the stack for one call.
 
 #include <array>
 #include <cstddef>
@@ -12,53 +11,46 @@
 #include <cstring>
 #include <limits>
 #include <span>
-#include <type_traits>
 
 #include "devstage/backend.hpp"
+#include "devstage/detail/layout/bump.hpp"
+#include "devstage/detail/layout/plan_pass.hpp"
 #include "devstage/detail/schedule/immediate.hpp"
-#include "devstage/detail/stager/messages.hpp"
-#include "devstage/detail/stager/slot.hpp"
+#include "devstage/detail/transfer/failures.hpp"
+#include "devstage/detail/transfer/packed.hpp"
+#include "devstage/detail/transfer/ring.hpp"
+#include "devstage/detail/transfer/run_record.hpp"
+#include "devstage/detail/util/align.hpp"
 #include "devstage/detail/util/message.hpp"
+#include "devstage/instrumentation.hpp"
 #include "devstage/lease.hpp"
-#include "devstage/pageable.hpp"
-#include "devstage/plan.hpp"
 #include "devstage/stats.hpp"
 #include "devstage/status.hpp"
-#include "devstage/stream.hpp"
 #include "devstage/tensor.hpp"
 
 namespace devstage::detail {
 
-/// The pageable ring of a stager over B (nothing without pinned host memory).
-template <class B, class A>
-using RingOf = std::conditional_t<PinnedHostBackend<B>, PinnedRing<B, A>, void>;
-
 template <class B, class Strategy, class Async>
 class Transfers {
 public:
-    using Slot = StagerSlot<Strategy, Async>;
+    using Run = RunRecord<Async>;
     using Stream = typename Async::Stream;
     using Ring = RingOf<B, Async>;
-    static constexpr std::size_t pack_limit = pack_limit_of<Strategy>();
     static constexpr bool retained = Strategy::lease_kind == ReleaseKind::BufferNoop;
-    static constexpr bool immediate = is_immediate_v<Async>;
     static constexpr bool batches = BatchCopyBackend<Async>;
-    /// No ring: a threshold no arg reaches.
-    static constexpr std::size_t no_ring = std::numeric_limits<std::size_t>::max();
+    static constexpr std::size_t alignment = Strategy::alignment;
+    static constexpr std::size_t no_ring = std::numeric_limits<std::size_t>::max();  // a threshold no arg reaches
 
     Transfers(B& backend, Async& async, StagerStats& stats, Ring* ring, std::size_t ring_from) noexcept
         : backend_(backend), async_(async), stats_(stats), ring_(ring), ring_from_(ring_from) {}
 
-    // The fused pass of a retained, unpacked strategy: validates each arg (the plan's predicate
-    // and layout rule), and writes its lease and device arg against the buffer held. Returns
-    // the bytes the run requires; the slices are valid when that is within the capacity.
-    Result<std::size_t> slice(Slot& slot, std::span<const TensorArg> args) noexcept {
-        constexpr std::size_t mask = Strategy::alignment - 1;
-        // Sizes and offsets up to a quarter of the address space cannot overflow when aligned and added.
-        constexpr std::size_t small_size = std::numeric_limits<std::size_t>::max() >> 2;
-        const auto base = reinterpret_cast<std::uintptr_t>(slot.strategy.base());
-        TensorLease* lease = slot.lease_storage.data();
-        TensorArg* device_arg = slot.device_args.data();
+    // The fused pass of a retained buffer without packing: checks each arg and writes its lease
+    // and device arg against `base` by the bump rule. Returns the bytes the run requires; the
+    // slices are valid when that is within the capacity.
+    Result<std::size_t> slice(Run& run, void* base_pointer, std::span<const TensorArg> args) noexcept {
+        const auto base = reinterpret_cast<std::uintptr_t>(base_pointer);
+        TensorLease* lease = run.lease_storage.data();
+        TensorArg* device_arg = run.device_args.data();
         std::size_t external = 0, end = 0;
         for (const TensorArg& arg : args) {
             const ArgCheck check = check_arg(arg);
@@ -70,23 +62,21 @@ public:
                     *device_arg++ = arg;
                     ++external;
                 } else {
-                    slot.lease_count = 0;
-                    return plan_failure(check, static_cast<std::size_t>(&arg - args.data()), arg, end,
-                                        Strategy::alignment);
+                    run.lease_count = 0;
+                    return plan_failure(check, static_cast<std::size_t>(&arg - args.data()), arg, end, alignment);
                 }
                 continue;
             }
             const std::size_t offset = end;
-            if ((arg.bytes | offset) > small_size) [[unlikely]] {
-                std::size_t padded = 0, next = 0;
-                if (__builtin_add_overflow(arg.bytes, mask, &padded) ||
-                    __builtin_add_overflow(offset, padded & ~mask, &next)) {
-                    slot.lease_count = 0;
+            if ((arg.bytes | offset) > small_size) [[unlikely]] {  // the checked bump only where it can overflow
+                if (!bump(offset, arg.bytes, alignment, end)) {
+                    run.lease_count = 0;
                     return plan_failure(ArgCheck::staged, static_cast<std::size_t>(&arg - args.data()), arg, offset,
-                                        Strategy::alignment);
+                                        alignment);
                 }
+            } else {
+                end = bumped(offset, arg.bytes, alignment);
             }
-            end = offset + ((arg.bytes + mask) & ~mask);
             // Integer arithmetic: past the capacity the pointers are not used (the run grows).
             // NOLINTNEXTLINE(performance-no-int-to-ptr): base is the buffer's address as an integer
             void* const device = reinterpret_cast<void*>(base + offset);
@@ -103,48 +93,44 @@ public:
             device_arg->placement = Placement::Device;
             ++device_arg;
         }
-        const auto count = static_cast<std::size_t>(lease - slot.lease_storage.data());
-        slot.lease_count = count;
-        slot.staged = count - external;
+        const auto count = static_cast<std::size_t>(lease - run.lease_storage.data());
+        run.lease_count = count;
+        run.staged = count - external;
         return end;
     }
 
-    // The uploads of the leases sliced by slice(); the pageable-ring check only when a ring is set.
-    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
-        return ring_from_ == no_ring ? upload<false>(slot, stream, enqueued) : upload<true>(slot, stream, enqueued);
+    // The uploads of the leases slice() cut (checked against the pageable ring only with one).
+    Status upload(Run& run, Stream stream, bool& enqueued) noexcept {
+        return ring_from_ == no_ring ? upload<false>(run, stream, enqueued) : upload<true>(run, stream, enqueued);
     }
 
-    // The general staging pass: a lease and a device arg per arg, the slice or allocation of
-    // each staged arg, and its upload — enqueued directly, or gathered into the mirror for one
-    // packed upload. With `zero_outs` the packed Out group is zeroed in the mirror, and the
-    // packed upload carries it. Where the mirror is mapped (MapSmall), the packed args' device
-    // pointers point into it and nothing of them is uploaded: the device buffer holds only the
-    // direct args, from its base. On error the leases taken so far are in slot.leases(), for
-    // the caller to release.
-    template <bool AllPacked>
-    Status stage(Slot& slot, std::span<const TensorArg> args, Stream stream, bool& enqueued, bool zero_outs) noexcept {
-        constexpr std::size_t limit = AllPacked ? std::numeric_limits<std::size_t>::max() : pack_limit;
-        auto* const base = static_cast<std::byte*>(slot.strategy.base());
-        std::byte* const mirror = mirror_of(slot.strategy);
-        auto* const mapped = static_cast<std::byte*>(mapped_mirror_of(slot.strategy));
-        const std::size_t shift = mapped != nullptr ? slot.layout.packed_bytes : 0;  // the direct args' start
-        slot.mapped = mapped != nullptr && slot.layout.packed_bytes > 0;
+    // The general staging pass over `run.layout` (planned at run.pack_limit): a lease and a device
+    // arg per arg, its slice or allocation, and its upload — direct, or gathered into the mirror
+    // for one packed upload (carrying the packed Outs zeroed there, `zero_outs`). Mapped, packed
+    // args point into the mirror and are not uploaded; the device buffer holds only the direct
+    // args. On error the leases taken so far are in run.leases(), for the caller to release.
+    Status stage(Run& run, Strategy& strategy, const RunMemory& memory, std::span<const TensorArg> args, Stream stream,
+                 bool zero_outs, Moved& moved) noexcept {
+        const std::size_t limit = run.pack_limit;
+        const bool mapped = mapped_run(run, memory);
+        const std::size_t shift = memory.mapped != nullptr ? run.layout.packed_bytes : 0;  // the direct args' start
         if constexpr (HostAccessCheckBackend<B>) {
-            if (slot.mapped) {  // the host writes the mapped mirror now
-                if (Status clear = backend_.check_host_access(mirror, slot.layout.packed_bytes, true); !clear) {
-                    slot.lease_count = slot.staged = 0;
+            if (mapped) {  // the host writes the mapped mirror now
+                if (Status clear = backend_.check_host_access(memory.mirror, run.layout.packed_bytes, true); !clear) {
+                    run.lease_count = run.staged = 0;
                     return clear;
                 }
             }
         }
-        std::array<std::size_t, 4> next = slot.layout.base;
-        TensorLease* const leases = slot.lease_storage.data();
-        TensorArg* const device_args = slot.device_args.data();
+        std::array<std::size_t, 4> next = run.layout.base;
+        TensorLease* const leases = run.lease_storage.data();
+        TensorArg* const device_args = run.device_args.data();
         std::size_t count = 0, external = 0;
         std::uint64_t skipped = 0, uploaded = 0, calls = 0, packed = 0, host_copied = 0;
+        bool enqueued = false;
         Status status;
         [[maybe_unused]] const std::size_t batching = batch_limit(stream);
-        if constexpr (batches) slot.batch.clear();
+        if constexpr (batches) run.batch.clear();
         for (std::size_t index = 0; index < args.size(); ++index) {
             const TensorArg& arg = args[index];
             TensorArg& device_arg = device_args[index];
@@ -159,15 +145,15 @@ public:
                 continue;
             }
             TensorLease& lease = leases[count];
-            std::size_t group = static_cast<std::size_t>(PackGroup::direct);
+            auto group = static_cast<std::size_t>(PackGroup::direct);
             std::size_t offset = 0;
             if constexpr (retained) {
-                if constexpr (limit > 0) group = static_cast<std::size_t>(group_of(arg, limit));
+                if (limit > 0) group = static_cast<std::size_t>(group_of(arg, limit));
                 offset = next[group];
-                next[group] += (arg.bytes + Strategy::alignment - 1) & ~(Strategy::alignment - 1);
-                std::byte* const device = group != static_cast<std::size_t>(PackGroup::direct) && mapped != nullptr
-                                              ? mapped + offset
-                                              : base + (offset - shift);
+                next[group] = bumped(offset, arg.bytes, alignment);
+                std::byte* const device = group != static_cast<std::size_t>(PackGroup::direct) && mapped
+                                              ? memory.mapped + offset
+                                              : memory.base + (offset - shift);
                 lease = TensorLease{arg.data,
                                     device,
                                     arg.bytes,
@@ -178,7 +164,7 @@ public:
                                     arg.memory};
             } else {
                 const PlannedTensor tensor{index, 0, arg.bytes, arg.direction};
-                if (Status acquired = slot.strategy.acquire(backend_, tensor, arg, lease, stats_); !acquired) {
+                if (Status acquired = strategy.acquire(backend_, tensor, arg, lease, stats_); !acquired) {
                     status = std::move(acquired);
                     break;
                 }
@@ -186,13 +172,13 @@ public:
             }
             ++count;
             device_arg = TensorArg{lease.device, arg.bytes, arg.direction, Placement::Device, arg.memory};
-            if constexpr (pack_limit > 0) {
+            if constexpr (retained) {
                 if (group != static_cast<std::size_t>(PackGroup::direct)) {
                     ++packed;
-                    std::byte* const into = mirror + offset;
+                    std::byte* const into = memory.mirror + offset;
                     const bool in_place = arg.data == into;
-                    if (!in_place && inside(arg.data, mirror, mirror_capacity_of(slot.strategy))) {
-                        status = stale_frame_arg(index, arg, into - mirror, backend_.name());
+                    if (!in_place && inside(arg.data, memory.mirror, memory.mirror_capacity)) {
+                        status = stale_frame_arg(index, arg, into - memory.mirror, backend_.name());
                         break;
                     }
                     if (!uploads(arg.direction)) {
@@ -208,15 +194,15 @@ public:
                 ++skipped;
                 continue;
             }
-            if (lease.bytes >= ring_from_ && through_ring(lease)) [[unlikely]] {
-                status = ring_upload(lease, stream, enqueued);
+            if (lease.bytes >= ring_from_ && through_ring(backend_, lease)) [[unlikely]] {
+                status = ring_upload(backend_, async_, ring_, lease, stream, stats_, enqueued);
                 if (!status) break;
                 ++calls;
                 continue;
             }
             if constexpr (batches) {
                 if (batching > 0) {
-                    slot.batch.add(lease.device, arg.data, arg.bytes);
+                    run.batch.add(lease.device, arg.data, arg.bytes);
                     continue;
                 }
             }
@@ -228,66 +214,57 @@ public:
             uploaded += arg.bytes;
             ++calls;
         }
-        slot.lease_count = count;
-        slot.staged = count - external;
+        run.lease_count = count;
+        run.staged = count - external;
         if constexpr (batches) {
             if (status.ok()) {
-                typename Slot::Batch::Submitted done;
+                typename BatchCopies<Async>::Submitted done;
                 status =
-                    slot.batch.template submit<true>(async_, batching, stream, stats_, done, enqueued, "bind: upload");
+                    run.batch.template submit<true>(async_, batching, stream, stats_, done, enqueued, "bind: upload");
                 uploaded += done.bytes;
                 calls += done.calls;
             }
         }
-        if constexpr (pack_limit > 0) {
-            if (status.ok()) status = packed_upload(slot, stream, enqueued, zero_outs, uploaded, calls);
+        Moved packed_moves;
+        if constexpr (retained) {
+            if (limit > 0 && status.ok()) {
+                status = packed_upload(async_, run, memory, stream, zero_outs, stats_, packed_moves);
+            }
         }
+        moved.enqueued = enqueued || packed_moves.enqueued;
+        moved.mirror_used = packed_moves.mirror_used;
         stats_.uploads_skipped += skipped;
-        stats_.bytes_to_device += uploaded;
-        stats_.uploads += calls;
+        stats_.bytes_to_device += uploaded + packed_moves.bytes;
+        stats_.uploads += calls + packed_moves.calls;
         stats_.packed_args += packed;
         stats_.mirror_copy_bytes += host_copied;
-        if (!streams_immediate(async_)) stats_.async_uploads += calls;
+        if (!streams_immediate(async_)) stats_.async_uploads += calls + packed_moves.calls;
         return status;
     }
 
-    // The copy-backs of a finish: one per copied-back lease (packed ones counted here and moved
-    // by packed_copy_back). The first failure goes to `first`; the others still run.
-    struct CopyBacks {
-        std::uint64_t calls = 0, failed = 0, packed = 0, bytes = 0;
-        std::uint64_t batched = 0;  // copies carried in batch calls beyond one per call
-    };
-    CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
-        return ring_from_ == no_ring ? copy_back<false>(slot, stream, first) : copy_back<true>(slot, stream, first);
+    // The direct copy-backs of a finish (packed ones counted, for the caller's one packed copy).
+    CopyBacks copy_back(Run& run, Stream stream, Status& first) noexcept {
+        const bool ring = ring_from_ != no_ring;
+        if (run.pack_limit == 0) {
+            return ring ? copy_back<true, false>(run, stream, first) : copy_back<false, false>(run, stream, first);
+        }
+        return ring ? copy_back<true, true>(run, stream, first) : copy_back<false, true>(run, stream, first);
     }
 
-    // One copy brings every packed InOut/Out byte back into the mirror; the host copies them
-    // out when the run is settled (unpack).
-    Status packed_copy_back(Slot& slot, Stream stream, CopyBacks& backs) noexcept;
-
-    // Copies the packed outputs of a completed run from the mirror to the callers' memory
-    // (nothing when they are in place: a frame).
-    void unpack(Slot& slot) noexcept;
-
 private:
-    // After the gather: the packed Out group zeroed in the mirror, and the one packed upload
-    // (detail/transfer/packed.hpp).
-    Status packed_upload(Slot& slot, Stream stream, bool& enqueued, bool zero_outs, std::uint64_t& uploaded,
-                         std::uint64_t& calls) noexcept;
-
     template <bool Ring>
-    Status upload(Slot& slot, Stream stream, bool& enqueued) noexcept {
+    Status upload(Run& run, Stream stream, bool& enqueued) noexcept {
         if constexpr (batches) {
             if (const std::size_t limit = batch_limit(stream); limit > 0)
-                return batched_upload<Ring>(slot, stream, enqueued, limit);
+                return batched_upload<Ring>(run, stream, enqueued, limit);
         }
         std::uint64_t uploaded = 0, calls = 0;
         Status status;
         const std::size_t ring_from = ring_from_;
-        for (const TensorLease& lease : slot.leases()) {
+        for (const TensorLease& lease : run.leases()) {
             if (!lease.upload) continue;  // Out args, and Device args
-            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
-                status = ring_upload(lease, stream, enqueued);
+            if (Ring && lease.bytes >= ring_from && through_ring(backend_, lease)) [[unlikely]] {
+                status = ring_upload(backend_, async_, ring_, lease, stream, stats_, enqueued);
                 if (!status) break;
                 ++calls;  // the arg's upload, in chunks (StagerStats::ring_chunks)
                 continue;
@@ -300,103 +277,107 @@ private:
             ++calls;
         }
         enqueued = enqueued || calls > 0;
-        if (status.ok()) stats_.uploads_skipped += slot.staged - calls;
+        if (status.ok()) stats_.uploads_skipped += run.staged - calls;
         stats_.bytes_to_device += uploaded;
         stats_.uploads += calls;
         if (!streams_immediate(async_)) stats_.async_uploads += calls;
         return status;
     }
 
-    template <bool Ring>
-    CopyBacks copy_back(Slot& slot, Stream stream, Status& first) noexcept {
+    template <bool Ring, bool Packs>
+    CopyBacks copy_back(Run& run, Stream stream, Status& first) noexcept {
         if constexpr (batches) {
             if (const std::size_t limit = batch_limit(stream); limit > 0)
-                return batched_copy_back<Ring>(slot, stream, first, limit);
+                return batched_copy_back<Ring>(run, stream, first, limit);
         }
-        CopyBacks backs;
+        CopyBacks backs;  // counted in locals: the loop keeps them in registers
+        std::uint64_t calls = 0, packed = 0, bytes = 0;
         const std::size_t ring_from = ring_from_;
-        for (const TensorLease& lease : slot.leases()) {
+        for (const TensorLease& lease : run.leases()) {
             if (!lease.copy_back) continue;  // In args, and Device args (never copied back)
-            if (slot.packed(lease)) {
-                ++backs.packed;
+            if (Packs && run.packed(lease)) {
+                ++packed;
                 continue;
             }
-            if (Ring && lease.bytes >= ring_from && through_ring(lease)) [[unlikely]] {
-                if (Status back = ring_copy_back(lease, stream); !back) {
+            if (Ring && lease.bytes >= ring_from && through_ring(backend_, lease)) [[unlikely]] {
+                if (Status back = ring_copy_back(backend_, async_, ring_, lease, stream, stats_); !back) {
                     failed(backs, first, std::move(back));
                     continue;
                 }
-                ++backs.calls;
+                ++calls;
                 continue;
             }
             if (Status back = async_.copy_from_device_async(lease.host, lease.device, lease.bytes, stream); !back) {
                 failed(backs, first, copy_failure("finish: copy back", lease.bytes, back, backend_.name()));
                 continue;
             }
-            backs.bytes += lease.bytes;
-            ++backs.calls;
+            bytes += lease.bytes;
+            ++calls;
         }
+        backs.calls = calls;
+        backs.packed = packed;
+        backs.bytes = bytes;
         return backs;
     }
+
     // As upload<Ring>, with the direct copies in batches (limit copies a call).
     template <bool Ring>
-    Status batched_upload(Slot& slot, Stream stream, bool& enqueued, std::size_t limit) noexcept {
-        slot.batch.clear();
+    Status batched_upload(Run& run, Stream stream, bool& enqueued, std::size_t limit) noexcept {
+        run.batch.clear();
         std::uint64_t args = 0, calls = 0;
         Status status;
-        for (const TensorLease& lease : slot.leases()) {
+        for (const TensorLease& lease : run.leases()) {
             if (!lease.upload) continue;
             ++args;
-            if (Ring && lease.bytes >= ring_from_ && through_ring(lease)) [[unlikely]] {
-                status = ring_upload(lease, stream, enqueued);
+            if (Ring && lease.bytes >= ring_from_ && through_ring(backend_, lease)) [[unlikely]] {
+                status = ring_upload(backend_, async_, ring_, lease, stream, stats_, enqueued);
                 if (!status) break;
                 ++calls;
                 continue;
             }
-            slot.batch.add(lease.device, lease.host, lease.bytes);
+            run.batch.add(lease.device, lease.host, lease.bytes);
         }
-        typename Slot::Batch::Submitted done;
+        typename BatchCopies<Async>::Submitted done;
         if (status.ok()) {
-            status = slot.batch.template submit<true>(async_, limit, stream, stats_, done, enqueued, "bind: upload");
+            status = run.batch.template submit<true>(async_, limit, stream, stats_, done, enqueued, "bind: upload");
         }
-        if (status.ok()) stats_.uploads_skipped += slot.staged - args;
+        if (status.ok()) stats_.uploads_skipped += run.staged - args;
         stats_.bytes_to_device += done.bytes;
         stats_.uploads += calls + done.calls;
         if (!streams_immediate(async_)) stats_.async_uploads += calls + done.calls;
         return status;
     }
 
-    // As copy_back<Ring>, with the direct copies in batches. A batch that fails counts its
-    // copies as failed.
+    // As copy_back<Ring>, with the direct copies in batches (a failed batch: all its copies failed).
     template <bool Ring>
-    CopyBacks batched_copy_back(Slot& slot, Stream stream, Status& first, std::size_t limit) noexcept {
+    CopyBacks batched_copy_back(Run& run, Stream stream, Status& first, std::size_t limit) noexcept {
         CopyBacks backs;
-        slot.batch.clear();
-        for (const TensorLease& lease : slot.leases()) {
+        run.batch.clear();
+        for (const TensorLease& lease : run.leases()) {
             if (!lease.copy_back) continue;
-            if (slot.packed(lease)) {
+            if (run.packed(lease)) {
                 ++backs.packed;
                 continue;
             }
-            if (Ring && lease.bytes >= ring_from_ && through_ring(lease)) [[unlikely]] {
-                if (Status back = ring_copy_back(lease, stream); !back) {
+            if (Ring && lease.bytes >= ring_from_ && through_ring(backend_, lease)) [[unlikely]] {
+                if (Status back = ring_copy_back(backend_, async_, ring_, lease, stream, stats_); !back) {
                     failed(backs, first, std::move(back));
                     continue;
                 }
                 ++backs.calls;
                 continue;
             }
-            slot.batch.add(lease.host, lease.device, lease.bytes);
+            run.batch.add(lease.host, lease.device, lease.bytes);
         }
-        typename Slot::Batch::Submitted done;
+        typename BatchCopies<Async>::Submitted done;
         bool enqueued = false;
         Status back =
-            slot.batch.template submit<false>(async_, limit, stream, stats_, done, enqueued, "finish: copy back");
+            run.batch.template submit<false>(async_, limit, stream, stats_, done, enqueued, "finish: copy back");
         backs.calls += done.calls;
         backs.batched += done.copies - done.calls;
         backs.bytes += done.bytes;
         if (!back) {
-            backs.failed += slot.batch.count - done.copies - 1;
+            backs.failed += run.batch.count - done.copies - 1;
             failed(backs, first, std::move(back));
         }
         return backs;
@@ -417,11 +398,6 @@ private:
         if (first.ok()) first = std::move(failure);
     }
 
-    // The pageable ring's part (detail/transfer/ring.hpp).
-    bool through_ring(const TensorLease& lease) const noexcept;
-    Status ring_upload(const TensorLease& lease, Stream stream, bool& enqueued) noexcept;
-    Status ring_copy_back(const TensorLease& lease, Stream stream) noexcept;
-
     B& backend_;
     Async& async_;
     StagerStats& stats_;
@@ -430,6 +406,3 @@ private:
 };
 
 }  // namespace devstage::detail
-
-#include "devstage/detail/transfer/packed.hpp"  // IWYU pragma: export
-#include "devstage/detail/transfer/ring.hpp"    // IWYU pragma: export

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Private: alignment and size arithmetic that reports overflow instead of wrapping.
+// Private: size and pointer arithmetic that reports overflow instead of wrapping (the layout
+// rule, align_up and bump, is detail/layout/bump.hpp).
 
 #include <bit>
 #include <cstddef>
@@ -8,14 +9,9 @@
 #include <limits>
 #include <optional>
 
-namespace devstage::detail {
+#include "devstage/detail/layout/bump.hpp"  // align_up, for the users of this header
 
-/// `value` rounded up to a multiple of `alignment` (a power of two), or nullopt on overflow.
-constexpr std::optional<std::size_t> align_up(std::size_t value, std::size_t alignment) noexcept {
-    const std::size_t mask = alignment - 1;
-    if (value > std::numeric_limits<std::size_t>::max() - mask) return std::nullopt;
-    return (value + mask) & ~mask;
-}
+namespace devstage::detail {
 
 /// `value` rounded up to a multiple of `multiple` (> 0, any value), or nullopt on overflow.
 constexpr std::optional<std::size_t> round_up(std::size_t value, std::size_t multiple) noexcept {
@@ -36,6 +32,13 @@ inline void* align_pointer(void* pointer, std::size_t alignment) noexcept {
     const auto address = reinterpret_cast<std::uintptr_t>(pointer);
     const auto aligned = (address + (alignment - 1)) & ~static_cast<std::uintptr_t>(alignment - 1);
     return static_cast<std::byte*>(pointer) + (aligned - address);
+}
+
+/// True when `pointer` lies in [begin, begin + bytes).
+inline bool inside(const void* pointer, const std::byte* begin, std::size_t bytes) noexcept {
+    const auto at = reinterpret_cast<std::uintptr_t>(pointer);
+    const auto from = reinterpret_cast<std::uintptr_t>(begin);
+    return begin != nullptr && from <= at && at < from + bytes;
 }
 
 inline bool is_aligned(const void* pointer, std::size_t alignment) noexcept {

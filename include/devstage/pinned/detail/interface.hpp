@@ -2,14 +2,15 @@
 #pragma once
 /// \file
 /// Private: the type-erased interface of a pinned pool's core (PinnedCore) and who may give an
-/// allocation back (PinnedHolder). Buffers and allocator adaptors hold a pool's core through
-/// this interface, whatever the pool's backend and cache policy.
+/// allocation back (PinnedHolder). Buffers, region handles and allocator adaptors hold a pool's
+/// core through this interface, whatever the pool's backend and cache policy.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "devstage/pinned/detail/host_memory.hpp"
+#include "devstage/pinned/regions.hpp"
 #include "devstage/pinned/stats.hpp"
 #include "devstage/status.hpp"
 
@@ -19,11 +20,11 @@ namespace devstage::detail {
 enum class PinnedHolder : std::uint8_t {
     raw,        ///< from allocate_raw(): PinnedHostPool::release()
     buffer,     ///< a PinnedBuffer: its reset() (by id) or PinnedHostPool::release()
-    container,  ///< PinnedAllocator or PinnedMemoryResource: their deallocation only
+    container,  ///< PinnedAllocator, PinnedMemoryResource or a RegionAllocator: their deallocation only
 };
 
-/// The type-erased interface of a pool's core, through which buffers and allocator adaptors
-/// reach the pool whatever its backend and cache policy.
+/// The type-erased interface of a pool's core, through which buffers, region handles and
+/// allocator adaptors reach the pool whatever its backend and cache policy.
 class PinnedCore {
 public:
     struct Grant {
@@ -41,6 +42,21 @@ public:
     virtual PinnedStats stats() const noexcept = 0;
     /// Sends `status` to the pool's error sink.
     virtual void report(const Status& status) noexcept = 0;
+
+    // ---- regions made with create_region, by id --------------------------------------------
+    virtual RegionProgress region_progress(std::uint64_t region) const noexcept = 0;
+    /// True once registered; false while registering; the failure once failed or cancelled.
+    virtual Result<bool> region_ready(std::uint64_t region) const noexcept = 0;
+    /// Blocks until the registration ended; ok when registered.
+    virtual Status region_wait(std::uint64_t region) noexcept = 0;
+    /// Stops a registration in progress and rolls it back.
+    virtual Status region_cancel(std::uint64_t region) noexcept = 0;
+    /// A slice of a registered region, held by `holder`.
+    virtual Result<Grant> region_allocate(std::uint64_t region, std::size_t bytes, std::size_t alignment,
+                                          PinnedHolder holder) noexcept = 0;
+    /// The region's handle lets go: the region goes once its last slice does (a registration
+    /// in progress is cancelled first).
+    virtual void region_drop(std::uint64_t region) noexcept = 0;
 
     /// A buffer's release. A grant already given back through PinnedHostPool::release() is
     /// fine; any other failure goes to the error sink.

@@ -1,201 +1,153 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Private: the registry of a pinned pool's live allocations (PinnedRegistry, the third layer
-/// of its core): each grant by the pointer handed out, with its block, size, id, holder and the
-/// streams record() named; the grant and the unlisting of an allocation, and record().
+/// Private: PinnedRegistry, the live allocations of a pinned pool's core — each grant by the
+/// pointer handed out, with its block, size, id, holder and the streams record() named — and
+/// their counters. Not thread-safe: the core calls it under its mutex.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <optional>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
-#include "devstage/backend.hpp"
-#include "devstage/pinned/detail/events.hpp"
+#include "devstage/pinned/detail/block.hpp"
 #include "devstage/pinned/detail/host_memory.hpp"
 #include "devstage/pinned/detail/interface.hpp"
-#include "devstage/status.hpp"
+#include "devstage/pinned/stats.hpp"
 
 namespace devstage::detail {
 
-/// The live allocations of a pool's core, keyed by the pointer handed out.
-template <PinnedHostBackend B>
-class PinnedRegistry : public PinnedEvents<B> {
-    using Base = PinnedEvents<B>;
-
-protected:
-    using Grant = PinnedCore::Grant;
-    using Base::free_block;
-    using Base::mutex_;
-    using Base::name_;
-    using Base::stats_;
-    using Base::streams;
-    using typename Base::Block;
-    using typename Base::Cached;
-    using typename Base::Lock;
-    using typename Base::Use;
-    using typename Base::Uses;
-
+template <class B>
+class PinnedRegistry {
 public:
-    using typename Base::Event;
-    using typename Base::Stream;
+    using Grant = PinnedCore::Grant;
+    using Use = PinnedUse<B>;
+    using Stream = typename Use::Stream;
 
-    using Base::Base;
-    using Base::report;
-
-    /// Remembers that work enqueued on `stream`, a stream of `backend`, uses the live
-    /// allocation at `pointer` (grant `id`, or whichever is there when `id` is 0), so that once
-    /// given back the block is reused or freed only after that work completed. A stream already
-    /// recorded (on the same backend) is not added twice. With `check`, an event of `backend` is
-    /// recorded on the stream now (and again at the release): a stream the backend does not
-    /// know is refused with the backend's error, and nothing is recorded.
-    Status record(const void* pointer, std::uint64_t id, Stream stream, B& backend,
-                  bool check) noexcept requires streams {
-        {
-            std::lock_guard lock(mutex_);
-            Live* live = find_live(pointer, id);
-            if (live == nullptr) return not_live(pointer);
-            if (find_use(*live, backend, stream) != nullptr) return {};
-        }
-        Use use{&backend, stream, Event{}, false, false};
-        if (check) {
-            Result<Event> event = this->take_event(backend);
-            if (!event) return refused(backend, pointer, event.status());
-            if (Status recorded = backend.record_event(*event, stream); !recorded) {
-                this->drop_event(backend, *event);
-                return refused(backend, pointer, recorded);
-            }
-            use.event = *event;
-            use.holds_event = true;
-        }
-        std::lock_guard lock(mutex_);
-        Live* live = find_live(pointer, id);
-        Status status;
-        if (live == nullptr) {
-            status = not_live(pointer);  // given back meanwhile, by another thread
-        } else if (find_use(*live, backend, stream) != nullptr) {
-            // recorded meanwhile, by another thread
-        } else if (try_host_allocation([&] { live->uses.push_back(use); })) {
-            return {};
-        } else {
-            status = Status(Errc::out_of_memory,
-                            message_or_empty("pinned pool record: host memory exhausted remembering a stream of the ",
-                                             live->requested, "-byte allocation at ", pointer, " (backend '",
-                                             backend.name(), "'); nothing was recorded"));
-        }
-        this->recycle(use);
-        return status;
-    }
-
-    /// record() of a PinnedBuffer: its memory (`data`, `bytes`, grant `id`), held from `owner`.
-    Status record_buffer(const PinnedCore* owner, const void* data, std::size_t bytes, std::uint64_t id, Stream stream,
-                         B& backend, bool check) noexcept requires streams {
-        if (data == nullptr) {
-            return Status(Errc::invalid_argument,
-                          message_or_empty("pinned pool record: the buffer is empty (0 bytes): it holds no memory "
-                                           "(backend '",
-                                           name_, "')"));
-        }
-        if (owner != this) {
-            return Status(Errc::invalid_argument,
-                          message_or_empty("pinned pool record: the ", bytes, "-byte buffer at ", data,
-                                           " belongs to another pool, not this one (backend '", name_, "')"));
-        }
-        return record(data, id, stream, backend, check);
-    }
-
-    /// True when `pointer` is the start of a live allocation (detached ones included).
-    bool owns(const void* pointer) const noexcept {
-        std::lock_guard lock(mutex_);
-        return live_.find(const_cast<void*>(pointer)) != live_.end();
-    }
-
-protected:
-    /// A granted allocation; the registry's key is the pointer handed out (base, or aligned up).
+    /// A granted allocation; the key is the pointer handed out (the block's base, or aligned up).
     struct Live {
-        Block block;
+        PinnedBlock block;
         std::size_t requested = 0;
         std::uint64_t id = 0;
         PinnedHolder holder = PinnedHolder::raw;
         bool detached = false;  ///< outlived a finalize(): freed, not cached, when given back
-        Uses uses;              ///< the streams record() named
+        bool revoked = false;   ///< its block went back to the backend when the backend was torn down
+        std::vector<Use> uses;  ///< the streams record() named
     };
+    using Map = std::map<void*, Live, std::less<>>;
 
-    /// Precondition: `lock` holds mutex_. Records the grant of `block` as `pointer`; when the
-    /// host has no memory for the record, the block goes back to the backend.
-    Result<Grant> enroll(Lock& lock, const Block& block, void* pointer, std::size_t bytes,
-                         PinnedHolder holder) noexcept {
+    /// Records the grant of `block` as `pointer`; nullopt when the host has no memory for it.
+    std::optional<Grant> enroll(const PinnedBlock& block, void* pointer, std::size_t bytes,
+                                PinnedHolder holder) noexcept {
         const std::uint64_t id = next_id_ + 1;
-        if (!try_host_allocation([&] { live_.emplace(pointer, Live{block, bytes, id, holder, false, {}}); })) {
-            lock.unlock();
-            if (Status freed = free_block(block); !freed) report(freed);
-            return Status(Errc::out_of_memory,
-                          message_or_empty("pinned pool allocate: host memory exhausted recording a ", block.capacity,
-                                           "-byte pinned block (", bytes, " asked) from backend '", name_,
-                                           "'; the block went back to the backend"));
+        if (!try_host_allocation([&] { live_.emplace(pointer, Live{block, bytes, id, holder, false, false, {}}); })) {
+            return std::nullopt;
         }
         next_id_ = id;
-        ++stats_.live_allocations;
-        stats_.live_bytes += bytes;
-        stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+        live_bytes_ += bytes;
+        peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
         return Grant{pointer, id};
     }
 
-    /// Precondition: mutex_ held. Drops a live allocation from the registry and the counters.
-    void unlist(typename std::unordered_map<void*, Live>::iterator found) noexcept {
-        const Live& live = found->second;
-        --stats_.live_allocations;
-        stats_.live_bytes -= live.requested;
-        if (live.detached) {
-            --stats_.detached_allocations;
-            stats_.detached_bytes -= live.requested;
-        }
-        live_.erase(found);
-    }
-
-    /// A raw allocation (its block and recorded streams), out of the registry; nullopt when
-    /// none is left. Adds its bytes to `bytes`. One at a time, so no host memory is needed to
-    /// collect them.
-    std::optional<Cached> take_raw(std::uint64_t& bytes) noexcept {
-        std::lock_guard lock(mutex_);
-        const auto found = std::find_if(live_.begin(), live_.end(),
-                                        [](const auto& entry) { return entry.second.holder == PinnedHolder::raw; });
-        if (found == live_.end()) return std::nullopt;
-        std::optional<Cached> entry(std::in_place, Cached{found->second.block, std::move(found->second.uses), false});
-        bytes += found->second.requested;
-        unlist(found);
-        return entry;
-    }
-
-    /// Precondition: mutex_ held. The live allocation at `pointer` (grant `id` unless 0).
-    Live* find_live(const void* pointer, std::uint64_t id) noexcept {
-        const auto found = live_.find(const_cast<void*>(pointer));
+    /// The live allocation at `pointer` (grant `id` unless 0), or null.
+    Live* find(const void* pointer, std::uint64_t id) noexcept {
+        const auto found = live_.find(pointer);
         if (found == live_.end() || (id != 0 && found->second.id != id)) return nullptr;
         return &found->second;
     }
-    static const Use* find_use(const Live& live, const B& backend, Stream stream) noexcept {
-        for (const Use& use : live.uses) {
+    typename Map::iterator lookup(const void* pointer) noexcept { return live_.find(pointer); }
+    typename Map::iterator end() noexcept { return live_.end(); }
+    bool contains(const void* pointer) const noexcept { return live_.find(pointer) != live_.end(); }
+
+    /// The live allocation whose bytes hold `pointer`, and where it starts.
+    std::optional<std::pair<const void*, const Live*>> containing(const void* pointer) const noexcept {
+        auto next = live_.upper_bound(pointer);
+        if (next == live_.begin()) return std::nullopt;
+        const auto found = std::prev(next);
+        const auto offset = reinterpret_cast<std::uintptr_t>(pointer) - reinterpret_cast<std::uintptr_t>(found->first);
+        if (offset >= std::max<std::size_t>(found->second.requested, 1)) return std::nullopt;
+        return std::pair<const void*, const Live*>{found->first, &found->second};
+    }
+
+    /// Drops a live allocation from the registry and the counters; returns it.
+    Live unlist(typename Map::iterator found) noexcept {
+        Live live = std::move(found->second);
+        live_bytes_ -= live.requested;
+        if (live.detached) {
+            --detached_allocations_;
+            detached_bytes_ -= live.requested;
+        }
+        live_.erase(found);
+        return live;
+    }
+
+    /// A raw allocation, out of the registry; nullopt when none is left. One at a time, so no
+    /// host memory is needed to collect them.
+    std::optional<Live> take_raw() noexcept {
+        const auto found = std::find_if(live_.begin(), live_.end(),
+                                        [](const auto& entry) { return entry.second.holder == PinnedHolder::raw; });
+        if (found == live_.end()) return std::nullopt;
+        return unlist(found);
+    }
+
+    /// Marks every live allocation detached (counted once in the finalized counters); returns
+    /// how many (and how many bytes) are held by buffers or containers — and by raw pointers
+    /// too unless `skip_raw`.
+    std::pair<std::uint64_t, std::uint64_t> detach_all(bool skip_raw) noexcept {
+        std::uint64_t held = 0, held_bytes = 0;
+        for (auto& [pointer, live] : live_) {
+            if (!live.detached) {
+                live.detached = true;
+                ++detached_allocations_;
+                detached_bytes_ += live.requested;
+                ++finalized_allocations_;
+                finalized_bytes_ += live.requested;
+            }
+            if (skip_raw && live.holder == PinnedHolder::raw) continue;
+            ++held;
+            held_bytes += live.requested;
+        }
+        return {held, held_bytes};
+    }
+
+    /// Calls `f(pointer, live)` for every live allocation.
+    template <class F>
+    void for_each(F&& f) noexcept {
+        for (auto& [pointer, live] : live_) f(pointer, live);
+    }
+
+    /// The use of `stream` of `backend` recorded on `live`, or null.
+    static Use* find_use(Live& live, const B& backend, Stream stream) noexcept {
+        for (Use& use : live.uses) {
             if (use.backend == &backend && use.stream == stream) return &use;
         }
         return nullptr;
     }
-    Status not_live(const void* pointer) const noexcept {
-        return Status(Errc::unknown_pointer,
-                      message_or_empty("pinned pool record: ", pointer,
-                                       " is not a live allocation of this pool (backend '", name_, "')"));
-    }
-    static Status refused(const B& backend, const void* pointer, const Status& cause) noexcept {
-        return Status(cause.code(),
-                      message_or_empty("pinned pool record: recording an event on the stream failed on backend '",
-                                       backend.name(), "' (", static_cast<const void*>(&backend),
-                                       "), the backend named for the stream: ", cause.message(),
-                                       "; nothing was recorded for ", pointer));
+
+    bool empty() const noexcept { return live_.empty(); }
+
+    /// Adds the registry's counters to `stats`.
+    void add_to(PinnedStats& stats) const noexcept {
+        stats.live_allocations = live_.size();
+        stats.live_bytes = live_bytes_;
+        stats.peak_live_bytes = peak_live_bytes_;
+        stats.detached_allocations = detached_allocations_;
+        stats.detached_bytes = detached_bytes_;
+        stats.finalized_allocations = finalized_allocations_;
+        stats.finalized_bytes = finalized_bytes_;
     }
 
-    std::unordered_map<void*, Live> live_;
+private:
+    Map live_;
     std::uint64_t next_id_ = 0;
+    std::uint64_t live_bytes_ = 0, peak_live_bytes_ = 0;
+    std::uint64_t detached_allocations_ = 0, detached_bytes_ = 0;
+    std::uint64_t finalized_allocations_ = 0, finalized_bytes_ = 0;
 };
 
 }  // namespace devstage::detail
