@@ -78,29 +78,21 @@ private:
 /// the fixed programs that show it are left out of the suite. DEVSTAGE_SEQ_EXPECT (a comma
 /// separated list of the names below, or "all") turns them on.
 enum Expect : unsigned {
-    /// A call other than finish (a bind, a frame's bind) that fails at the call, with every
-    /// wait failing around it, or any call of a stager with a pageable ring under waits that
-    /// fail: what it enqueued is waited for, or the engine's memory is not used after the call
-    /// returned. Off: only a stream-ordered finish (no ring) fails at the call while every wait
-    /// fails.
-    expect_failed_call_settled = 1u << 0,
     /// A failure to free a pinned mirror that came back misaligned, before it is asked again
     /// with the slack, is returned or reported, never dropped. Off: no pinned_free fault in a
     /// grow before the first mirror alignment retry on a backend whose memory may come back
     /// misaligned.
-    expect_dropped_free_reported = 1u << 1,
+    expect_dropped_free_reported = 1u << 0,
     /// A live run's kernel streams (order_after_uploads) stay known when ordering after them
     /// fails (a failed record_event or stream_wait_event) on a backend without synchronize():
     /// its memory is not freed or reused before those kernels completed. Off: no such fault in
     /// finish, a dropped run or release() on such a backend.
-    expect_kernel_streams_kept = 1u << 2,
+    expect_kernel_streams_kept = 1u << 1,
 };
-inline constexpr unsigned expect_all = (1u << 3) - 1;
+inline constexpr unsigned expect_all = (1u << 2) - 1;
 
 inline const char* expect_name(unsigned bit) noexcept {
     switch (bit) {
-        case expect_failed_call_settled:
-            return "failed_call_settled";
         case expect_dropped_free_reported:
             return "dropped_free_reported";
         case expect_kernel_streams_kept:

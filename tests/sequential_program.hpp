@@ -36,7 +36,10 @@
 //   bind or frame() that takes it) delivers its packed or mapped outputs. When the finish could
 //   not wait for what it had enqueued (every wait failing, reported to the error sink), the
 //   engine waits for its streams before it touches that memory (async.md: the device may still
-//   complete the direct copy-backs).
+//   complete the direct copy-backs). So does a bind, frame's bind or synchronous step that
+//   fails while it cannot wait for the uploads it enqueued: the engine waits for the device
+//   (synchronize() where the backend has it, else its own streams) before it writes the run's
+//   inputs again.
 // - A wait, poll or Completion destructor that fails: the Completion is either resolved — the
 //   faults are the calls', not the work's, so every output was delivered and is exact — or
 //   still pending(), its host memory devstage's until a later wait (made with no fault) succeeds.
@@ -331,7 +334,7 @@ public:
         const Stream stream = streams_[step.spec.bind_stream];
         log() << "s" << id << " bind frame" << (step.spec.bind_object ? "" : " args") << " on stream "
               << step.spec.bind_stream;
-        Faulted<Result<StagedRun>> bound = faulted(Call::bind_frame, sticky_ok(Call::bind_frame, step), [&] {
+        Faulted<Result<StagedRun>> bound = faulted(Call::bind_frame, true, [&] {
             return step.spec.bind_object ? stager_->bind(*step.frame, stream)
                                          : stager_->bind(step.frame->args(), stream);
         });
@@ -344,7 +347,7 @@ public:
                 return false;
             }
             ++step.failed_binds;  // the frame stays unbound: bound again later
-            if (bound.unwaited) unsettled_ = true;
+            if (bound.unwaited) wait_for_device();
             return false;
         }
         log() << " -> slot " << run->slot() << "\n";
@@ -468,7 +471,7 @@ public:
         const bool conflict = conflicts(step);
         const std::uint64_t waits = stats().host_waits;
         const Status execution = execution_ok ? Status() : Status(Errc::backend_failure, "the kernel failed");
-        Faulted<Result<Completion>> finished = faulted(Call::finish, sticky_ok(Call::finish, step), [&] {
+        Faulted<Result<Completion>> finished = faulted(Call::finish, true, [&] {
             return stager_->finish(std::move(*step.run), streams_[step.spec.finish_stream], execution);
         });
         Result<Completion>& done = finished.result;
@@ -490,13 +493,7 @@ public:
                 return false;
             }
             failed_finish(step);
-            if (finished.unwaited) {
-                // The device may still complete the direct copy-backs the finish enqueued: the
-                // engine's way out is the device's, it waits for its streams before going on.
-                unsettled_ = true;
-                log() << "engine waits for its streams\n";
-                drain_streams();
-            }
+            if (finished.unwaited) wait_for_device();
             return false;
         }
         log() << "\n";
@@ -1156,22 +1153,6 @@ private:
         completed(step);
     }
 
-    // Whether a plan armed around a call of `kind` for `step` may leave the work pending (every
-    // wait failing): only where no enqueued work of a call that then fails can be left behind
-    // (a failed bind or finish whose work cannot be waited for), unless that is expected.
-    bool sticky_ok(Call kind, const Step& step) const noexcept {
-        if ((config_.expect & expect_failed_call_settled) != 0) return true;
-        if (step.spec.synchronous) return false;
-        switch (kind) {
-            case Call::bind:
-            case Call::bind_frame:
-            case Call::finish:
-                return !config_.ring;  // the ring waits for its chunks inside the call
-            default:
-                return false;
-        }
-    }
-
     // The plan for the next stager call of kind `kind`: a forced one (fault_next), else at
     // random when call faults are on, else none.
     FaultPlan next_plan(Call kind, bool sticky) {
@@ -1189,16 +1170,14 @@ private:
             plan.op = FaultOp::create_stream;
             return plan;
         }
-        // A finish may fail at the call while every wait fails; other calls only where expected.
-        const bool combine = kind == Call::finish || (config_.expect & expect_failed_call_settled) != 0;
-        if (sticky && c.chance(1, 5)) {
+        if (sticky && c.chance(1, 5)) {  // every wait fails, alone or with another fault
             plan.stuck = true;
-            if (!combine || c.chance(1, 2)) return plan;
+            if (c.chance(1, 2)) return plan;
         }
         std::vector<FaultOp> menu;
         const auto offer = [&](std::initializer_list<FaultOp> ops) {
             for (FaultOp op : ops) {
-                if (has_fault_op<B>(op) && allowed(kind, op, combine)) menu.push_back(op);
+                if (has_fault_op<B>(op) && allowed(kind, op)) menu.push_back(op);
             }
         };
         using F = FaultOp;
@@ -1240,7 +1219,7 @@ private:
         if (c.chance(1, 8)) {  // now and then any operation at all
             for (std::size_t op = 0; op < fault_op_count; ++op) {
                 const auto any = static_cast<FaultOp>(op);
-                if (has_fault_op<B>(any) && allowed(kind, any, combine)) menu.push_back(any);
+                if (has_fault_op<B>(any) && allowed(kind, any)) menu.push_back(any);
             }
         }
         if (menu.empty()) return plan;
@@ -1251,16 +1230,9 @@ private:
                                                                                              : Errc::backend_failure;
         return plan;
     }
-    // Whether `op` may fail in a call of `kind`. A failed wait (or record) that the backend
-    // cannot recover from (no synchronize()) leaves the work pending: with another fault that
-    // fails the call, that is a failed call whose settle cannot wait, allowed only in calls
-    // that enqueue nothing before they fail, unless expected (`combine`). And no known dropped
-    // failure to free a misaligned mirror, unless that is expected.
-    bool allowed(Call kind, FaultOp op, bool combine) const noexcept {
-        const bool wait = op == FaultOp::synchronize_event || op == FaultOp::record_event;
-        const bool quiet = kind == Call::wait || kind == Call::poll || kind == Call::destroy || kind == Call::reserve ||
-                           kind == Call::release || kind == Call::frame;
-        if (wait && !devstage::SynchronizingBackend<B> && !quiet && !combine) return false;
+    // Whether `op` may fail in a call of `kind`: not where the library does not give yet what
+    // the contract asks (sequential_config.hpp), unless that is expected.
+    bool allowed(Call kind, FaultOp op) const noexcept {
         const bool joins = kind == Call::finish || kind == Call::drop || kind == Call::release;
         if ((config_.expect & expect_kernel_streams_kept) == 0 && !devstage::SynchronizingBackend<B> && joins &&
             (op == FaultOp::record_event || op == FaultOp::stream_wait_event)) {
@@ -1498,7 +1470,7 @@ private:
         const bool out_of_range = chosen && *chosen >= config_.slots;
         const bool chosen_held = chosen && !out_of_range && slot_held(*chosen);
         first_synchronous_ = step.spec.synchronous && !synchronous_yet_;
-        Faulted<Result<StagedRun>> bound = faulted(Call::bind, sticky_ok(Call::bind, step), [&] {
+        Faulted<Result<StagedRun>> bound = faulted(Call::bind, true, [&] {
             const Stream stream = streams_[step.spec.bind_stream];
             if (step.spec.synchronous)
                 return chosen ? stager_->bind_slot(*chosen, step.args) : stager_->bind(step.args);
@@ -1527,7 +1499,7 @@ private:
             } else if (!injected(bound, run.status())) {
                 fail("s" + std::to_string(step.id) + ": bind failed: " + run.status().message());
             }
-            if (bound.unwaited) unsettled_ = true;
+            if (bound.unwaited) wait_for_device();
             return -1;
         }
         log() << " -> slot " << run->slot() << "\n";
@@ -1820,6 +1792,20 @@ private:
             std::uint8_t* unknown = unknown_of(arg);
             std::fill(unknown, unknown + arg.bytes, std::uint8_t{1});
         }
+    }
+
+    // A call failed and could not wait for what it had enqueued: the device may still read the
+    // run's inputs or complete its direct copy-backs (async.md). The engine's way out is the
+    // device's: it waits for the whole device (synchronize(), where the backend has it) or for
+    // its own streams before it touches that memory again. The stager's slots may still hold
+    // work the model sees nothing of, until a release() settles them.
+    void wait_for_device() {
+        unsettled_ = true;
+        log() << "engine waits for the device\n";
+        if constexpr (devstage::SynchronizingBackend<A>) {
+            expect_ok(engine().synchronize(), "engine synchronize");
+        }
+        drain_streams();
     }
 
     // Waits for the engine's kernels that run on a stream the stager was not told of (ordered
@@ -2384,7 +2370,7 @@ private:
     std::uint64_t faulted_calls_ = 0;
     std::uint64_t owed_reports_ = 0;  // failures to give back neither returned nor reported yet
     std::string owed_what_;
-    // A failed call left work it could not wait for (expect_failed_call_settled): slots may be
+    // A failed call left work it could not wait for: slots may be
     // waited for where the model sees nothing in flight, until a release() settles them.
     bool unsettled_ = false;
     std::optional<std::size_t> reserved_;  // what reserve() succeeded with, until a release()
