@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A slow backend written the way an engine's own port would be: device and pinned memory are
-// plain host memory, each stream is a queue of work that runs only when the host waits for it
-// (synchronize_event, or event_ready after one "not ready"), stream_wait_event is honoured, and
-// nothing else orders anything. It has no synchronize() and no is_pinned() query: the stager
-// must get by with events alone, and treats all host memory as pageable. It maps pinned memory
-// for its kernels (the device address is the host address). Its synchronize_event fails on
-// request (fail_next_waits), running nothing. It counts misuses: a free or an unmap of memory
-// that pending work (a copy, or a kernel that said which memory it touches) still uses, a free
-// of memory still mapped, a copy of mapped memory, and a synchronous copy of device memory that
-// pending work uses.
+// The backends the random-program checker runs on besides MockBackend and SimBackend:
+//
+// - SlowBackend, written the way an engine's own port would be: device and pinned memory are
+//   plain host memory, each stream is a queue of work that runs only when the host waits for it
+//   (synchronize_event, or event_ready after one "not ready"), stream_wait_event is honoured, and
+//   nothing else orders anything. It has no synchronize() and no is_pinned() query: the stager
+//   must get by with events alone, and treats all host memory as pageable. It maps pinned memory
+//   for its kernels (the device address is the host address), and takes batches of copies when
+//   constructed with a batch limit (a whole batch is checked before any copy of it is enqueued).
+//   Its synchronize_event fails on request (fail_next_waits), running nothing. It counts misuses:
+//   a free or an unmap of memory that pending work (a copy, or a kernel that said which memory it
+//   touches) still uses, a free of memory still mapped, a copy of mapped memory, a synchronous
+//   copy of device memory that pending work uses, and a batch larger than its limit.
+// - NoMemsetMock: the deferred mock without device memsets (Out args are zeroed by uploads).
+// - StreamlessMock: the mock without streams or events, as a runtime without them: a Stager sees
+//   it through SynchronousAdapter, so its copies and memsets are the synchronous calls.
 
 #include <algorithm>
 #include <cstddef>
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "devstage/backend.hpp"
+#include "devstage/backends/mock.hpp"
 #include "devstage/instrumentation.hpp"
 #include "devstage/status.hpp"
 
@@ -45,6 +52,9 @@ public:
     };
 
     SlowBackend() = default;
+    /// A backend whose copy_*_batch calls take up to `batch_limit` copies (0: batch_copy_limit()
+    /// answers 0, and a Stager copies one by one).
+    explicit SlowBackend(std::size_t batch_limit) noexcept : batch_limit_(batch_limit) {}
     SlowBackend(const SlowBackend&) = delete;
     SlowBackend& operator=(const SlowBackend&) = delete;
     ~SlowBackend() {
@@ -123,6 +133,19 @@ public:
     }
     devstage::Status copy_from_device_async(void* dst, const void* src, std::size_t bytes, Stream stream) noexcept {
         return enqueue_copy(dst, src, bytes, src, stream);
+    }
+
+    /// The batch limit given at construction, on every stream.
+    std::size_t batch_copy_limit(Stream /*stream*/) const noexcept { return batch_limit_; }
+    /// Checks every copy of the batch (inside one device allocation, host side not mapped, not
+    /// null), then enqueues them in order; a batch with a bad copy enqueues nothing.
+    devstage::Status copy_to_device_batch(void* const* device_dsts, const void* const* host_srcs,
+                                          const std::size_t* sizes, std::size_t count, Stream stream) noexcept {
+        return enqueue_batch(device_dsts, host_srcs, sizes, count, stream, true);
+    }
+    devstage::Status copy_from_device_batch(void* const* host_dsts, const void* const* device_srcs,
+                                            const std::size_t* sizes, std::size_t count, Stream stream) noexcept {
+        return enqueue_batch(host_dsts, device_srcs, sizes, count, stream, false);
     }
 
     devstage::Result<Event> create_event() noexcept {
@@ -325,16 +348,39 @@ private:
         Queue* queue = find(stream);
         if (queue == nullptr) return misuse("slow copy_async: unknown stream");
         if (bytes == 0) return {};
+        if (devstage::Status bad = check_copy(dst, src, bytes, device); !bad) return bad;
+        push_copy(*queue, dst, src, bytes, device);
+        return {};
+    }
+    devstage::Status check_copy(const void* dst, const void* src, std::size_t bytes, const void* device) noexcept {
         if (mapped_overlaps(device, bytes)) return misuse("slow copy_async: a mapped address as a copy's device side");
         if (!inside(device_, device, bytes)) return misuse("slow copy_async: outside every device allocation");
         if (dst == nullptr || src == nullptr) return misuse("slow copy_async: null pointer");
+        return {};
+    }
+    void push_copy(Queue& queue, void* dst, const void* src, std::size_t bytes, const void* device) {
         Op op;
         op.kind = Op::copy;
         op.dst = dst;
         op.src = src;
         op.bytes = bytes;
         op.device = device;
-        push(*queue, op);
+        push(queue, op);
+    }
+    devstage::Status enqueue_batch(void* const* dsts, const void* const* srcs, const std::size_t* sizes,
+                                   std::size_t count, Stream stream, bool to_device) noexcept {
+        std::lock_guard lock(mutex_);
+        Queue* queue = find(stream);
+        if (queue == nullptr) return misuse("slow copy batch: unknown stream");
+        if (count == 0 || count > batch_limit_) return misuse("slow copy batch: 0 copies, or more than its limit");
+        for (std::size_t i = 0; i < count; ++i) {
+            if (sizes[i] == 0) return misuse("slow copy batch: a copy of 0 bytes");
+            if (devstage::Status bad = check_copy(dsts[i], srcs[i], sizes[i], to_device ? dsts[i] : srcs[i]); !bad) {
+                return bad;
+            }
+        }
+        for (std::size_t i = 0; i < count; ++i)
+            push_copy(*queue, dsts[i], srcs[i], sizes[i], to_device ? dsts[i] : srcs[i]);
         return {};
     }
     // Runs stream `id` up to and including the operation numbered `seq`, and first, for each
@@ -372,6 +418,7 @@ private:
     std::uint64_t misuses_ = 0;
     std::string first_misuse_;
     unsigned failing_waits_ = 0;
+    std::size_t batch_limit_ = 0;
 };
 
 static_assert(devstage::AsyncBackend<SlowBackend>);
@@ -380,5 +427,54 @@ static_assert(devstage::HostFunctionBackend<SlowBackend>);
 static_assert(devstage::MappedHostBackend<SlowBackend>);
 static_assert(devstage::KernelAccessBackend<SlowBackend>);
 static_assert(!devstage::SynchronizingBackend<SlowBackend>);
+static_assert(devstage::BatchCopyBackend<SlowBackend>);
+
+/// The deferred mock without device_memset_async (nor device_memset): the stager zeroes Out
+/// args by uploading zeros from its static block, which the mock's host-hazard checks see.
+class NoMemsetMock : public devstage::MockBackend {
+public:
+    using MockBackend::MockBackend;
+    std::string_view name() const noexcept { return "mock without memset"; }
+    devstage::Status device_memset_async(void*, int, std::size_t, Stream) noexcept = delete;
+    devstage::Status device_memset(void*, int, std::size_t) noexcept = delete;
+};
+static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBackend<NoMemsetMock>);
+static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
+
+/// The mock as a runtime without streams or events: a Stager sees it through
+/// SynchronousAdapter (its stream immediate), so every copy and memset is the synchronous call.
+/// It keeps pinned memory and maps it for kernels.
+class StreamlessMock {
+public:
+    static constexpr std::size_t device_alignment = devstage::MockBackend::device_alignment;
+    static constexpr std::size_t host_map_alignment = devstage::MockBackend::host_map_alignment;
+
+    explicit StreamlessMock(devstage::MockConfig config = {}) noexcept : mock_(config) {}
+
+    std::string_view name() const noexcept { return "mock without streams"; }
+    devstage::Result<void*> device_malloc(std::size_t bytes) noexcept { return mock_.device_malloc(bytes); }
+    devstage::Status device_free(void* pointer) noexcept { return mock_.device_free(pointer); }
+    devstage::Status copy_to_device(void* dst, const void* src, std::size_t bytes) noexcept {
+        return mock_.copy_to_device(dst, src, bytes);
+    }
+    devstage::Status copy_from_device(void* dst, const void* src, std::size_t bytes) noexcept {
+        return mock_.copy_from_device(dst, src, bytes);
+    }
+    devstage::Status device_memset(void* dst, int value, std::size_t bytes) noexcept {
+        return mock_.device_memset(dst, value, bytes);
+    }
+    devstage::Result<void*> pinned_malloc(std::size_t bytes) noexcept { return mock_.pinned_malloc(bytes); }
+    devstage::Status pinned_free(void* pointer) noexcept { return mock_.pinned_free(pointer); }
+    devstage::Result<void*> map_host(void* host, std::size_t bytes) noexcept { return mock_.map_host(host, bytes); }
+    devstage::Status unmap_host(void* host) noexcept { return mock_.unmap_host(host); }
+
+    std::uint64_t misuses() const noexcept { return mock_.misuses(); }
+    std::string misuse_report() const { return mock_.misuse_report(); }
+
+private:
+    devstage::MockBackend mock_;
+};
+static_assert(!devstage::AsyncBackend<StreamlessMock> && devstage::MemsetBackend<StreamlessMock>);
+static_assert(devstage::MappedHostBackend<StreamlessMock> && devstage::PinnedHostBackend<StreamlessMock>);
 
 }  // namespace sequential

@@ -1,20 +1,65 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Sequential equivalence, checked from outside: a random engine program (binds, frames,
-// kernels, finishes, waits, polls, destroys and detaches) is run against a Stager on a
-// stream-ordered backend, and every host buffer is compared byte for byte with a pure host
-// model of the same program run one call at a time, synchronously, in call order.
+// kernels, finishes, waits, polls, destroys and detaches, bind_slot, reserve and release) is
+// run against a Stager on a stream-ordered backend — or a backend without streams, seen
+// through SynchronousAdapter — and every host buffer is compared byte for byte with a pure
+// host model of the same program run one call at a time, synchronously, in call order.
 //
 // The engine here is a well-behaved one: it orders its own kernels on its own streams (a kernel
 // runs on the bind stream, or on the finish stream after waiting for the bind stream; kernels
 // that share caller-owned device memory wait for each other across streams), it reads or
 // writes a host buffer with its own code only when no run in flight writes it (reads) or uses
 // it (writes), it hands a frame back (destroys or detaches its Completion) only when no run in
-// flight uses the frame's memory, and it never reads a frame's memory after handing it back.
+// flight uses the frame's memory, it never reads a frame's memory after handing it back, and
+// before release() it waits for its kernels that run on a stream the stager was not told of.
 // Everything else is the stager's job. A refusal (busy) is allowed only where the contract
-// allows one — every slot held by a live run or a frame, or host memory a live run will still
-// copy back — and the refused step is then skipped by the model too. Every other error is a
-// failure. Calls with no host conflict must not wait on the host (StagerStats::host_waits).
+// allows one — every slot held by a live run or a frame, a chosen slot held, host memory a live
+// run will still copy back, reserve() while a run is live or a frame unbound or held — and the
+// refused step is then skipped by the model too. Every other error is a failure, but for the
+// failures the engine injected. Calls with no host conflict and no injected fault must not wait
+// on the host (StagerStats::host_waits).
+//
+// Injected faults (Config::call_faults, Config::wait_faults): around one stager call at a time
+// the backend (Faulty<B>, sequential_faults.hpp) fails an operation at its n-th call, or every
+// wait. What the model holds the stager to — the contract, and where the docs are silent, the
+// rules written here:
+// - A call that fails because of an injected fault returns that failure (its code, a message
+//   naming it); a bind, frame() or bind_slot that fails takes nothing (no run, no slot held; an
+//   unbound frame stays bindable) and writes no host memory the engine owns; the next calls
+//   work as if nothing had failed. A call may also absorb a fault (a map_host refused: the slot
+//   copies; a failed query: the host waits instead; a failed grow retried free-first) and
+//   succeed: then its results are exact.
+// - A stream-ordered finish that fails at the call ends the run: once it returned, the run's
+//   host memory is the engine's again (a frame is handed back at once), its copied-back bytes
+//   are undefined, and nothing writes them later — no later settle of the slot (a release(), a
+//   bind or frame() that takes it) delivers its packed or mapped outputs. When the finish could
+//   not wait for what it had enqueued (every wait failing, reported to the error sink), the
+//   engine waits for its streams before it touches that memory (async.md: the device may still
+//   complete the direct copy-backs). So does a bind, frame's bind or synchronous step that
+//   fails while it cannot wait for the uploads it enqueued: the engine waits for the device
+//   (synchronize() where the backend has it, else its own streams) before it writes the run's
+//   inputs again.
+// - A wait, poll or Completion destructor that fails: the Completion is either resolved — the
+//   faults are the calls', not the work's, so every output was delivered and is exact — or
+//   still pending(), its host memory devstage's until a later wait (made with no fault) succeeds.
+//   A destructor that reported to the error sink leaves the run as a detached one.
+// - release() that fails (a fault) still ended the live runs (no copy-back) and drops nothing
+//   it could not wait for; the engine's next release() succeeds and settles every run.
+// - Every injected failure of a free or an unmap is returned by the call, reported to the
+//   error sink, or returned by a later wait; what it left with the backend is the backend's
+//   (Faulty gives it back at the end), and nothing else leaks: at the end every device and
+//   pinned allocation, mapping, event and stream the stager made is given back.
+// - Args of one run may share host bytes (Config::aliasing): every upload reads the host bytes
+//   as the bind found them; a copied-back arg overwrites In args of the same run; where two
+//   copied-back args of one run overlap, the bytes on which they differ are undefined (the order
+//   of a run's copy-backs is not part of the contract).
+// - reserve(bytes) that succeeded: later binds and frames whose plan fits in `bytes` never move
+//   a slot's address (StagerStats::address_changes), until a release().
+// - bind_slot(k): invalid_argument when k is out of range; busy when slot k holds a live run, an
+//   unbound frame or a held frame; else the run is on slot k.
+// Behaviours the library does not give yet are expected only when Config::expect says so
+// (sequential_config.hpp); otherwise the engine avoids the programs that need them.
 //
 // The program's choices come from a Choices source: a seeded generator (the unit suite) or the
 // fuzzer's bytes. On failure the report holds the configuration and a readable trace.
@@ -29,6 +74,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +87,10 @@
 #include "devstage/strategy/per_tensor.hpp"
 #include "devstage/strategy/retained_bump.hpp"
 #include "sequential_backend.hpp"
+#include "sequential_config.hpp"
+#include "sequential_faults.hpp"
+#include "sequential_kernel.hpp"
+#include "sequential_steps.hpp"
 
 #include <csignal>
 
@@ -50,10 +100,8 @@
 namespace sequential {
 
 using devstage::Completion;
-using devstage::Direction;
 using devstage::Errc;
 using devstage::HostFrame;
-using devstage::HostMemory;
 using devstage::OutputPolicy;
 using devstage::Placement;
 using devstage::Result;
@@ -62,15 +110,6 @@ using devstage::Status;
 using devstage::TensorArg;
 using devstage::TensorShape;
 
-// ---- sizes ---------------------------------------------------------------------------------
-
-inline constexpr std::size_t alignment = 256;       // of every strategy's slices
-inline constexpr std::size_t pack_limit = 512;      // PackSmall's limit
-inline constexpr std::size_t ring_chunk = 512;      // the pageable ring's chunk
-inline constexpr std::size_t ring_threshold = 700;  // args this large (and pageable) use the ring
-inline constexpr std::size_t sizes[] = {1,   7,   64,  200,  pack_limit - 1,     pack_limit, pack_limit + 1,
-                                        699, 700, 701, 1000, 2 * ring_chunk + 3, 1800};
-
 using Bump = devstage::RetainedBump<devstage::ExactGrowth, alignment, devstage::NoPacking>;
 using Packed = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::PackSmall<pack_limit>>;
 /// PackSmall's layout in a mirror mapped for the device: on every backend here (they all map)
@@ -78,364 +117,98 @@ using Packed = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment
 using Mapped = devstage::RetainedBump<devstage::GeometricGrowth<3, 2>, alignment, devstage::MapSmall<pack_limit>>;
 using PerTensor = devstage::PerTensorMalloc<alignment>;
 
-// ---- the choices of a program ----------------------------------------------------------------
-
-/// Where a program's choices come from: a seeded generator, or a fuzzer's bytes (exhausted:
-/// every later choice is 0, and exhausted() says so).
-class Choices {
-public:
-    explicit Choices(std::uint64_t seed) noexcept : state_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
-    Choices(const std::uint8_t* data, std::size_t size) noexcept : bytes_(data), size_(size), from_bytes_(true) {}
-
-    /// Uniform in [0, n) (0 when n is 0).
-    std::uint32_t below(std::uint32_t n) noexcept {
-        if (n <= 1) return 0;
-        if (from_bytes_) {
-            std::uint32_t value = take();
-            if (n > 256) value = value << 8 | take();
-            return value % n;
-        }
-        return static_cast<std::uint32_t>(next() % n);
-    }
-    bool chance(std::uint32_t numerator, std::uint32_t denominator) noexcept { return below(denominator) < numerator; }
-    bool exhausted() const noexcept { return from_bytes_ && position_ >= size_; }
-
-private:
-    std::uint32_t take() noexcept { return position_ < size_ ? bytes_[position_++] : (++position_, 0u); }
-    std::uint64_t next() noexcept {
-        std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-
-    std::uint64_t state_ = 0;
-    const std::uint8_t* bytes_ = nullptr;
-    std::size_t size_ = 0;
-    std::size_t position_ = 0;
-    bool from_bytes_ = false;
-};
-
-// ---- configuration ---------------------------------------------------------------------------
-
-enum class BackendKind : std::uint8_t { mock, sim, slow, mock_no_memset, eager_mock };
-
-/// The deferred mock without device_memset_async (nor device_memset): the stager zeroes Out
-/// args by uploading zeros from its static block, which the mock's host-hazard checks see.
-class NoMemsetMock : public devstage::MockBackend {
-public:
-    using MockBackend::MockBackend;
-    std::string_view name() const noexcept { return "mock without memset"; }
-    devstage::Status device_memset_async(void*, int, std::size_t, Stream) noexcept = delete;
-    devstage::Status device_memset(void*, int, std::size_t) noexcept = delete;
-};
-static_assert(devstage::AsyncBackend<NoMemsetMock> && devstage::PinnedHostBackend<NoMemsetMock>);
-static_assert(!devstage::AsyncMemsetBackend<NoMemsetMock> && !devstage::MemsetBackend<NoMemsetMock>);
-enum class StrategyKind : std::uint8_t { bump, packed, per_tensor, mapped };
-
-/// Waits that fail, injected by the engine: none; `recover`, a failed wait for an event that the
-/// backend's synchronize() recovers from (the mock); `stuck`, a failed wait with the work left
-/// pending — the mock's synchronize() fails too, the slow backend has none.
-enum class WaitFaults : std::uint8_t { none, recover, stuck };
-
-struct Config {
-    BackendKind backend = BackendKind::mock;
-    StrategyKind strategy = StrategyKind::bump;
-    unsigned slots = 2;
-    unsigned streams = 1;
-    bool ring = false;
-    /// Runs in flight never share host memory: then no call may wait on the host or refuse.
-    bool disjoint = false;
-    bool frames = true;           // a packing strategy also takes frames
-    std::size_t mock_offset = 0;  // MockConfig::offset (64: pointers aligned to exactly 64)
-    std::uint32_t not_ready_polls = 2;
-    unsigned ring_threads = 0;
-    unsigned max_steps = 14;
-    unsigned max_actions = 160;
-    /// Frames may hold device-resident tensors (TensorShape::device) of the device buffers.
-    bool device_frames = false;
-    /// Some kernels leave Out and InOut bytes unwritten (zeros under OutputPolicy::zero,
-    /// unchecked under kernel_writes_all).
-    bool partial_kernels = false;
-    /// The output policy at the start; with `switch_policy` the engine switches it between steps.
-    OutputPolicy policy = OutputPolicy::zero;
-    bool switch_policy = false;
-    /// Failed waits the engine injects (the mock and the slow backend only).
-    WaitFaults wait_faults = WaitFaults::none;
-
-    std::string describe() const {
-        static const char* const backends[] = {"deferred mock", "sim (threads)", "slow user backend",
-                                               "deferred mock without memset", "eager mock"};
-        static const char* const strategies[] = {"RetainedBump<Exact, 256, NoPacking>",
-                                                 "RetainedBump<Geometric, 256, PackSmall<512>>", "PerTensorMalloc<256>",
-                                                 "RetainedBump<Geometric, 256, MapSmall<512>>"};
-        std::ostringstream out;
-        out << backends[static_cast<int>(backend)] << ", " << strategies[static_cast<int>(strategy)] << ", " << slots
-            << " slot(s), " << streams << " stream(s), ring " << (ring ? "on" : "off")
-            << (disjoint ? ", runs share no host memory" : ", shared host memory");
-        if (backend == BackendKind::mock) out << ", mock offset " << mock_offset << ", polls " << not_ready_polls;
-        if (ring) out << ", ring threads " << ring_threads;
-        const bool packs = strategy == StrategyKind::packed || strategy == StrategyKind::mapped;
-        if (packs) out << (frames ? ", frames" : ", no frames");
-        if (packs && frames && device_frames) out << " with device tensors";
-        out << (policy == OutputPolicy::zero ? ", Out zeroed" : ", kernel_writes_all")
-            << (switch_policy ? " (switched)" : "") << (partial_kernels ? ", partial kernels" : "");
-        if (wait_faults != WaitFaults::none) {
-            out << (wait_faults == WaitFaults::recover ? ", failed waits recovered by synchronize()"
-                                                       : ", failed waits left pending");
-        }
-        out << ", up to " << max_steps << " steps";
-        return out.str();
-    }
-};
-
-/// The number of distinct configurations config_for() cycles through.
-inline constexpr std::uint64_t config_count = 5 * 4 * 3 * 3 * 2 * 2;
-
-/// Configuration `index` (mod config_count) of every combination, with the small knobs from
-/// `choices`.
-inline Config config_for(std::uint64_t index, Choices& choices) {
-    Config config;
-    std::uint64_t i = index % config_count;
-    const auto digit = [&i](std::uint64_t base) {
-        const auto d = static_cast<unsigned>(i % base);
-        i /= base;
-        return d;
-    };
-    config.backend = static_cast<BackendKind>(digit(5));
-    config.strategy = static_cast<StrategyKind>(digit(4));
-    config.slots = 1 + digit(3);
-    config.streams = 1 + digit(3);
-    config.ring = digit(2) == 1;
-    config.disjoint = digit(2) == 1;
-    config.mock_offset = choices.chance(1, 4) ? 64 : 0;
-    config.not_ready_polls = choices.below(4);
-    config.ring_threads = choices.below(2);
-    config.frames = choices.chance(1, 2);
-    config.device_frames = choices.chance(1, 2);
-    config.partial_kernels = choices.chance(1, 2);
-    config.policy = choices.chance(1, 4) ? OutputPolicy::kernel_writes_all : OutputPolicy::zero;
-    config.switch_policy = choices.chance(1, 3);
-    if (choices.chance(1, 3)) {
-        if (config.backend == BackendKind::mock || config.backend == BackendKind::mock_no_memset) {
-            config.wait_faults = choices.chance(1, 2) ? WaitFaults::recover : WaitFaults::stuck;
-        } else if (config.backend == BackendKind::slow) {
-            config.wait_faults = WaitFaults::stuck;  // it has no synchronize()
-        }
-    }
-    return config;
-}
-
-/// What a program run found.
-struct Report {
-    Config config;
-    std::string trace;
-    std::vector<std::string> failures;
-    /// The stager's counters at the end: which way the runs went (StagerStats::mapped_runs, ...).
-    devstage::StagerStats stats;
-
-    bool ok() const noexcept { return failures.empty(); }
-    std::string text() const {
-        std::ostringstream out;
-        out << "configuration: " << config.describe() << "\n";
-        for (std::size_t i = 0; i < failures.size() && i < 8; ++i) out << "FAILURE: " << failures[i] << "\n";
-        if (failures.size() > 8) out << "(" << failures.size() - 8 << " more failures)\n";
-        out << "program:\n" << trace;
-        return out.str();
-    }
-};
-
-// ---- the kernel ------------------------------------------------------------------------------
-
-/// One arg as a kernel sees it.
-struct View {
-    std::byte* data;
-    std::size_t bytes;
-    Direction direction;
-};
-
-inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) noexcept {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0xFF51AFD7ED558CCDull;
-    return h ^ (h >> 29);
-}
-
-/// Whether a kernel of step `step` writes byte `b` of an output of `bytes`: every byte, or
-/// (`partial`) all but the last quarter and every 7th byte — a kernel that stops early.
-inline bool writes_byte(std::uint32_t step, bool partial, std::size_t b, std::size_t bytes) noexcept {
-    return !partial || (b < bytes - bytes / 4 && b % 7 != step % 7);
-}
-
-/// The kernel of step `step`: reads every input byte (In, InOut), then writes every output
-/// byte (Out: from the inputs and the step; InOut: its old value plus a non-zero increment
-/// that depends on the inputs and the step) — with `partial`, only those writes_byte() names.
-/// The device runs it on device memory, the model on its own copies.
-inline void compute(std::uint32_t step, std::span<const View> views, bool partial = false) noexcept {
-    std::uint64_t h = mix(0x5EC0E1CEull, step);
-    for (std::size_t i = 0; i < views.size(); ++i) {
-        const View& v = views[i];
-        if (!devstage::uploads(v.direction)) continue;
-        h = mix(h, i + 1);
-        std::size_t b = 0;
-        for (; b + 8 <= v.bytes; b += 8) {
-            std::uint64_t word;
-            std::memcpy(&word, v.data + b, 8);
-            h = mix(h, word);
-        }
-        for (; b < v.bytes; ++b) h = mix(h, static_cast<std::uint64_t>(v.data[b]));
-    }
-    for (std::size_t j = 0; j < views.size(); ++j) {
-        const View& v = views[j];
-        if (!devstage::copies_back(v.direction)) continue;
-        std::uint64_t g = mix(h, 0x100 + j);
-        for (std::size_t b = 0; b < v.bytes; ++b) {
-            if (b % 8 == 0) g = mix(g, b);
-            const auto value = static_cast<std::uint8_t>(g >> (8 * (b % 8)));
-            if (!writes_byte(step, partial, b, v.bytes)) continue;
-            if (v.direction == Direction::InOut) {
-                v.data[b] = static_cast<std::byte>(static_cast<std::uint8_t>(v.data[b]) + (value | 1u));
-            } else {
-                v.data[b] = static_cast<std::byte>(value);
-            }
-        }
-    }
-}
-
-/// The bytes the engine writes itself (initial contents, new inputs): a function of `tag`.
-inline void pattern(std::uint64_t tag, std::byte* data, std::size_t bytes) noexcept {
-    std::uint64_t g = mix(0xFEEDull, tag);
-    for (std::size_t b = 0; b < bytes; ++b) {
-        if (b % 8 == 0) g = mix(g, b);
-        data[b] = static_cast<std::byte>(g >> (8 * (b % 8)));
-    }
-}
-
-inline const std::uint8_t* as_u8(const std::byte* p) noexcept {
-    return reinterpret_cast<const std::uint8_t*>(p);
-}
-
-inline const char* direction_name(Direction d) noexcept {
-    return d == Direction::In ? "In" : d == Direction::Out ? "Out" : "InOut";
-}
-
-// ---- a program's steps -----------------------------------------------------------------------
-
-/// What an arg points at: a host buffer, a caller-owned device buffer, or a tensor of a frame.
-enum class Where : std::uint8_t { host, device, frame };
-
-struct ArgSpec {
-    Where where = Where::host;
-    int index = 0;   // the buffer, or the frame's step
-    int tensor = 0;  // a frame's tensor
-    std::size_t offset = 0;
-    std::size_t bytes = 0;
-    Direction direction = Direction::InOut;
-    HostMemory memory = HostMemory::unknown;
-};
-
-/// Where a frame's input tensor is filled from: a pattern, or a host buffer or another frame's
-/// tensor the engine owns (nothing in flight writes it).
-struct FillSpec {
-    bool from_source = false;
-    Where where = Where::host;
-    int index = 0;
-    int tensor = 0;
-};
-
-struct StepSpec {
-    bool frame = false;
-    bool bind_object = false;   // bind(*frame, stream) rather than bind(frame->args(), stream)
-    std::vector<ArgSpec> args;  // for a frame: its shapes (where = frame, index = the step itself)
-    std::vector<FillSpec> fills;
-    unsigned bind_stream = 0;
-    unsigned finish_stream = 0;
-    // The kernel on the finish stream, after waiting for the bind stream (odd steps through
-    // Stager::order_after_uploads, even ones with the engine's own event).
-    bool kernel_on_finish = false;
-    bool partial = false;  // the kernel leaves some output bytes unwritten
-};
-
-/// How the engine ends with a Completion.
-enum class End : std::uint8_t { wait, poll, destroy, detach };
-
-// ---- the runner ------------------------------------------------------------------------------
-
-/// One line of a trace: `log() << "s" << id << " kernel\n";` appends when the statement ends.
-class Line {
-public:
-    explicit Line(std::string& into) noexcept : into_(into) {}
-    Line(const Line&) = delete;
-    Line& operator=(const Line&) = delete;
-    ~Line() { into_ += out_.str(); }
-    template <class T>
-    Line& operator<<(const T& value) {
-        out_ << value;
-        return *this;
-    }
-
-private:
-    std::string& into_;
-    std::ostringstream out_;
-};
-
-template <class B>
-std::unique_ptr<B> make_backend(const Config& config, devstage::ErrorSink sink) {
-    if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
+/// The backend of configuration `config`, failing on request.
+template <class Base>
+std::unique_ptr<Faulty<Base>> make_backend(const Config& config, devstage::ErrorSink sink) {
+    if constexpr (std::is_base_of_v<devstage::MockBackend, Base> || std::is_same_v<Base, StreamlessMock>) {
         devstage::MockConfig mock;
         mock.offset = config.mock_offset;
         mock.journal = false;
-        mock.deferred_async = config.backend != BackendKind::eager_mock;
+        mock.deferred_async = config.backend != BackendKind::eager_mock && config.backend != BackendKind::streamless;
         mock.not_ready_polls = config.not_ready_polls;
+        mock.batch_copy_limit = config.batch_limit;
         mock.sink = sink;
-        return std::make_unique<B>(mock);
-    } else if constexpr (std::is_same_v<B, devstage::SimBackend>) {
+        return std::make_unique<Faulty<Base>>(mock);
+    } else if constexpr (std::is_same_v<Base, devstage::SimBackend>) {
         devstage::SimConfig sim;
         sim.lock_pinned = false;
         sim.bounce_buffer_bytes = 4096;
-        return std::make_unique<B>(sim);
+        sim.batch_copy_limit = config.batch_limit;
+        return std::make_unique<Faulty<Base>>(sim);
     } else {
-        return std::make_unique<B>();
+        (void)sink;
+        return std::make_unique<Faulty<Base>>(config.batch_limit);
     }
 }
 
-/// Runs one program against Stager<B, S> and checks it against the model.
-template <class B, class S>
+/// The stager calls a fault plan may be armed around.
+enum class Call : std::uint8_t { bind, frame, bind_frame, order, finish, wait, poll, destroy, drop, reserve, release };
+
+/// Runs one program against Stager<Faulty<Base>, S> and checks it against the model.
+template <class Base, class S>
 class Runner {
 public:
-    using Stream = typename B::Stream;
-    using Event = typename B::Event;
+    using B = Faulty<Base>;
+    /// The engine's view of the streams: the backend's own, or SynchronousAdapter's immediate ones.
+    using A = devstage::stream_backend_t<B>;
+    using Stream = typename A::Stream;
+    using Event = typename A::Event;
     static constexpr bool packs = devstage::detail::pack_limit_of<S>() > 0;
+    static constexpr bool retained = S::lease_kind == devstage::ReleaseKind::BufferNoop;
+    static constexpr bool streams = devstage::AsyncBackend<B>;
 
     Runner(const Config& config, Report& report)
         : config_(config),
           report_(report),
-          backend_(make_backend<B>(config, devstage::ErrorSink(&Runner::leaked, this))) {
+          backend_(make_backend<Base>(config, devstage::ErrorSink(&Runner::leaked, this))) {
         report_.config = config;
+        if constexpr (!streams) adapter_.emplace(*backend_);
     }
     Runner(const Runner&) = delete;
     Runner& operator=(const Runner&) = delete;
     ~Runner() { teardown(); }
 
-    /// Destroys the stager, frees the buffers, streams and events, and checks the backend's
-    /// misuse counter once more (also done by the destructor).
+    /// Destroys the stager, frees the buffers, streams and events and what injected faults left
+    /// with the backend, and checks that nothing else is left (also done by the destructor).
     void teardown() {
         if (!backend_) return;
+        choices_ = nullptr;
+        forced_.clear();
+        backend_->disarm();
         for (Step& step : steps_) {
             step.done.reset();
             step.run.reset();
         }
-        stager_.reset();
+        destroy_stager();
         if (!streams_.empty()) drain_streams();
         for (std::size_t i = 0; i < streams_.size(); ++i) {
-            (void)backend_->destroy_event(kernel_events_[i]);
-            (void)backend_->destroy_event(bind_events_[i]);
-            (void)backend_->destroy_stream(streams_[i]);
+            (void)engine().destroy_event(kernel_events_[i]);
+            (void)engine().destroy_event(bind_events_[i]);
+            (void)engine().destroy_stream(streams_[i]);
         }
         for (HostBuffer& buffer : host_) {
-            if (buffer.pinned) (void)backend_->pinned_free(buffer.data);
+            if (buffer.pinned) (void)pinned_free(buffer.data);
         }
         for (DeviceBuffer& buffer : device_) (void)backend_->device_free(buffer.data);
+        if (Status given = backend_->give_back(); !given && ok()) {
+            fail("giving back what injected faults left with the backend failed: " + given.message());
+        }
+        if (ok()) {
+            const auto leak = [this](const char* what, std::int64_t count) {
+                if (count != 0) fail("at teardown " + std::to_string(count) + " " + what + " of the stager are left");
+            };
+            leak("device allocation(s)", static_cast<std::int64_t>(backend_->live_device()));
+            leak("pinned allocation(s)", static_cast<std::int64_t>(backend_->live_pinned()));
+            leak("mapping(s)", static_cast<std::int64_t>(backend_->live_mappings()));
+            leak("event(s)", backend_->live_events());
+            leak("stream(s)", backend_->live_streams());
+        }
         if (misuses() != 0 && ok()) fail("the backend counted misuse(s) at teardown: " + first_misuse());
+        report_.tally.faults = backend_->total_fired();
+        for (std::size_t op = 0; op < fault_op_count; ++op) {
+            report_.tally.fault_ops[op] = backend_->total_fired(static_cast<FaultOp>(op));
+        }
+        adapter_.reset();
         backend_.reset();
     }
 
@@ -512,9 +285,9 @@ public:
             }
         }
         for (unsigned i = 0; i < config_.streams; ++i) {
-            Result<Stream> stream = backend_->create_stream();
-            Result<Event> after_kernel = backend_->create_event();
-            Result<Event> after_bind = backend_->create_event();
+            Result<Stream> stream = engine().create_stream();
+            Result<Event> after_kernel = engine().create_event();
+            Result<Event> after_bind = engine().create_event();
             if (!stream || !after_kernel || !after_bind) {
                 fail("creating the engine's streams and events failed");
                 return false;
@@ -526,6 +299,14 @@ public:
         log() << "stager: " << config_.slots << " slot(s); " << config_.streams << " stream(s)\n";
         return ok();
     }
+
+    /// The stager's destruction (at teardown) runs under `plan`: its events and stream.
+    void fault_destruction(const FaultPlan& plan) { destruction_plan_ = plan; }
+
+    /// The next stager call runs under `plan` (then under the random engine's, if any).
+    void fault_next(const FaultPlan& plan) { forced_.push_back(plan); }
+    /// Every stager call from now on runs under `plan` (a sweep), until conclude().
+    void fault_every_call(const FaultPlan& plan) { every_ = plan; }
 
     // ---- the engine's calls ------------------------------------------------------------------
 
@@ -544,20 +325,29 @@ public:
         return step.spec.frame ? begin_frame(step) : begin_plain(step);
     }
 
-    /// Binds the frame of step `id` (taken by begin_step).
+    /// Binds the frame of step `id` (taken by begin_step). False when it failed (an injected
+    /// fault: the frame stays unbound, to be bound again) or the program stopped.
     bool bind_frame(int id) {
         if (!running()) return false;
         Step& step = steps_[static_cast<std::size_t>(id)];
         const std::uint64_t waits = stats().host_waits;
         const Stream stream = streams_[step.spec.bind_stream];
-        Result<StagedRun> run =
-            step.spec.bind_object ? stager_->bind(*step.frame, stream) : stager_->bind(step.frame->args(), stream);
         log() << "s" << id << " bind frame" << (step.spec.bind_object ? "" : " args") << " on stream "
               << step.spec.bind_stream;
+        Faulted<Result<StagedRun>> bound = faulted(Call::bind_frame, true, [&] {
+            return step.spec.bind_object ? stager_->bind(*step.frame, stream)
+                                         : stager_->bind(step.frame->args(), stream);
+        });
+        Result<StagedRun>& run = bound.result;
         if (!run) {
             log() << " -> " << run.status().message() << "\n";
-            fail("s" + std::to_string(id) + ": binding a frame failed: " + run.status().message());
-            step.phase = Phase::refused;
+            if (!injected(bound, run.status())) {
+                fail("s" + std::to_string(id) + ": binding a frame failed: " + run.status().message());
+                step.phase = Phase::refused;
+                return false;
+            }
+            ++step.failed_binds;  // the frame stays unbound: bound again later
+            if (bound.unwaited) wait_for_device();
             return false;
         }
         log() << " -> slot " << run->slot() << "\n";
@@ -565,7 +355,7 @@ public:
             fail("s" + std::to_string(id) + ": the frame of slot " + std::to_string(step.slot) + " was bound on slot " +
                  std::to_string(run->slot()));
         }
-        if (stats().host_waits != waits) {
+        if (!bound.fired && !unsettled_ && stats().host_waits != waits) {
             note("s" + std::to_string(id) + ": binding a frame waited on the host (" +
                  std::to_string(stats().host_waits - waits) + " host wait(s)); its slot was settled by frame()");
         }
@@ -580,6 +370,7 @@ public:
         }
         step.run.emplace(std::move(*run));
         step.phase = Phase::bound;
+        check_reserved(step, "binding a frame");
         model_bind(step);
         return true;
     }
@@ -593,14 +384,31 @@ public:
             return;
         }
         unsigned on = step.spec.bind_stream;
-        if (step.spec.kernel_on_finish && step.spec.finish_stream != step.spec.bind_stream) {
+        if (step.spec.kernel_on_finish && step.spec.finish_stream != step.spec.bind_stream && !step.spec.synchronous) {
             on = step.spec.finish_stream;
             if (id % 2 == 1) {  // odd steps let the stager order the kernel after the uploads
-                expect_ok(stager_->order_after_uploads(*step.run, streams_[on]), "stager order_after_uploads");
+                Faulted<Status> ordered =
+                    faulted(Call::order, false, [&] { return stager_->order_after_uploads(*step.run, streams_[on]); });
+                if (!ordered.result) {
+                    log() << "s" << id << " order_after_uploads onto stream " << on << " -> "
+                          << ordered.result.message() << "\n";
+                    if (!injected(ordered, ordered.result)) {
+                        fail("stager order_after_uploads failed: " + ordered.result.message());
+                        return;
+                    }
+                    if (!step.run->live())
+                        fail("s" + std::to_string(id) + ": a failed order_after_uploads ended the run");
+                    // The run stays live; nothing that reads it is launched there: it is
+                    // finished as a failed execution (docs/async.md).
+                    step.kernel = true;
+                    step.kernel_skipped = true;
+                    return;
+                }
             } else {
                 const Event after_bind = bind_events_[step.spec.bind_stream];
-                expect_ok(backend_->record_event(after_bind, streams_[step.spec.bind_stream]), "engine record_event");
-                expect_ok(backend_->stream_wait_event(streams_[on], after_bind), "engine stream_wait_event");
+                expect_ok(engine().record_event(after_bind, streams_[step.spec.bind_stream]), "engine record_event");
+                expect_ok(engine().stream_wait_event(streams_[on], after_bind), "engine stream_wait_event");
+                step.foreign_kernel = true;  // on a stream the stager does not know
             }
         }
         auto job = std::make_unique<Job>();
@@ -622,7 +430,7 @@ public:
                 touched.resize(streams_.size());
                 for (unsigned other = 0; other < streams_.size(); ++other) {
                     if (other != on && touched[other]) {
-                        expect_ok(backend_->stream_wait_event(streams_[on], kernel_events_[other]),
+                        expect_ok(engine().stream_wait_event(streams_[on], kernel_events_[other]),
                                   "engine stream_wait_event");
                     }
                 }
@@ -632,19 +440,25 @@ public:
         Status launched;
         if constexpr (devstage::KernelAccessBackend<B>) {
             launched = backend_->launch_kernel(streams_[on], &Job::run, job.get(), accesses);
-        } else {
+        } else if constexpr (devstage::HostFunctionBackend<B>) {
             launched = backend_->launch_host_func(streams_[on], &Job::run, job.get());
+        } else {
+            Job::run(job.get());  // no streams: the kernel runs at its launch
         }
         expect_ok(launched, "launching the kernel");
-        expect_ok(backend_->record_event(kernel_events_[on], streams_[on]), "engine record_event");
+        expect_ok(engine().record_event(kernel_events_[on], streams_[on]), "engine record_event");
         jobs_.push_back(std::move(job));
         step.kernel = true;
+        step.kernel_stream = on;
+        // A synchronous run's kernel runs on an engine stream the stager was not told of.
+        if (step.spec.synchronous) step.foreign_kernel = true;
         log() << "s" << id << " kernel on stream " << on << (step.spec.partial ? " (leaves bytes unwritten)" : "")
               << "\n";
         model_kernel(step);
     }
 
-    /// Finishes step `id` on its finish stream (execution failed: no copy-back).
+    /// Finishes step `id` on its finish stream (execution failed: no copy-back). False when the
+    /// finish failed (an injected fault: the run ended) or the program stopped.
     bool finish(int id, bool execution_ok = true) {
         if (!running()) return false;
         Step& step = steps_[static_cast<std::size_t>(id)];
@@ -652,10 +466,15 @@ public:
             fail("s" + std::to_string(id) + ": the script finishes a step that is not bound");
             return false;
         }
+        if (step.kernel_skipped) execution_ok = false;
+        if (step.spec.synchronous) return finish_synchronously(step, execution_ok);
         const bool conflict = conflicts(step);
         const std::uint64_t waits = stats().host_waits;
         const Status execution = execution_ok ? Status() : Status(Errc::backend_failure, "the kernel failed");
-        Result<Completion> done = stager_->finish(std::move(*step.run), streams_[step.spec.finish_stream], execution);
+        Faulted<Result<Completion>> finished = faulted(Call::finish, true, [&] {
+            return stager_->finish(std::move(*step.run), streams_[step.spec.finish_stream], execution);
+        });
+        Result<Completion>& done = finished.result;
         if (id % 3 == 0) {  // the run object, moved into finish: no longer live
             const Status refused = stager_->order_after_uploads(*step.run, streams_[0]);
             if (refused.code() != Errc::invalid_argument) {
@@ -668,12 +487,17 @@ public:
               << (execution_ok ? "" : " (execution failed)");
         if (!done) {
             log() << " -> " << done.status().message() << "\n";
-            fail("s" + std::to_string(id) + ": finish failed: " + done.status().message());
-            step.phase = Phase::dropped;
+            if (!injected(finished, done.status())) {
+                fail("s" + std::to_string(id) + ": finish failed: " + done.status().message());
+                step.phase = Phase::dropped;
+                return false;
+            }
+            failed_finish(step);
+            if (finished.unwaited) wait_for_device();
             return false;
         }
         log() << "\n";
-        if (!conflict && stats().host_waits != waits) {
+        if (!finished.fired && !unsettled_ && !conflict && stats().host_waits != waits) {
             note("s" + std::to_string(id) + ": finish waited on the host (" +
                  std::to_string(stats().host_waits - waits) +
                  " host wait(s)) though no run in flight shares its host memory");
@@ -690,9 +514,13 @@ public:
     void drop(int id) {
         if (!running()) return;
         Step& step = steps_[static_cast<std::size_t>(id)];
-        step.run.reset();
-        step.phase = Phase::dropped;
         log() << "s" << id << " dropped\n";
+        Faulted<bool> dropped = faulted(Call::drop, false, [&] {
+            step.run.reset();
+            return true;
+        });
+        if (dropped.unwaited) unsettled_ = true;
+        step.phase = Phase::dropped;
     }
 
     /// Ends with step `id`'s Completion.
@@ -703,32 +531,55 @@ public:
         log() << "s" << id << " " << names[static_cast<int>(how)];
         switch (how) {
             case End::wait: {
-                Status waited = step.done->wait();
-                log() << (waited ? "\n" : " -> " + waited.message() + "\n");
-                // A failed wait another step's failed wait settled this slot with is expected.
-                if (!waited && !step.wait_may_fail)
-                    fail("s" + std::to_string(id) + ": wait() failed: " + waited.message());
+                Faulted<Status> waited = faulted(Call::wait, true, [&] { return step.done->wait(); });
+                log() << (waited.result ? "\n" : " -> " + waited.result.message() + "\n");
+                if (!waited.result && !allowed_wait_failure(step, waited)) {
+                    fail("s" + std::to_string(id) + ": wait() failed: " + waited.result.message());
+                    break;
+                }
+                if (step.done->pending()) {
+                    if (waited.result) fail("s" + std::to_string(id) + ": wait() returned ok, the Completion pending");
+                    wait_again(step);
+                    break;
+                }
                 completed(step);
                 break;
             }
             case End::poll: {
-                Result<bool> ready = step.done->ready();
+                Faulted<Result<bool>> polled = faulted(Call::poll, true, [&] { return step.done->ready(); });
+                Result<bool>& ready = polled.result;
                 if (!ready) {
                     log() << " -> " << ready.status().message() << "\n";
-                    fail("s" + std::to_string(id) + ": ready() failed: " + ready.status().message());
+                    if (!injected(polled, ready.status()) && !allowed_wait_failure(step, polled, ready.status())) {
+                        fail("s" + std::to_string(id) + ": ready() failed: " + ready.status().message());
+                    }
                     break;
                 }
                 log() << " -> " << (*ready ? "true" : "false") << "\n";
-                if (*ready) completed(step);
+                if (*ready) {
+                    read_result(step);  // the run's own result is wait()'s
+                    completed(step);
+                }
                 break;
             }
-            case End::destroy:
-                step.done.reset();
+            case End::destroy: {
+                read_result(step);
+                const std::size_t sunk_before = sunk_.size();
+                Faulted<bool> destroyed = faulted(Call::destroy, true, [&] {
+                    step.done.reset();
+                    return true;
+                });
                 step.released = true;
                 log() << "\n";
-                completed(step);
+                if (destroyed.fired > 0 && sunk_.size() > sunk_before) {
+                    step.detached = true;  // may not be settled: its outputs arrive when the slot is
+                } else {
+                    completed(step);
+                }
                 break;
+            }
             case End::detach:
+                read_result(step);
                 step.done->detach();
                 step.done.reset();
                 step.released = true;
@@ -749,38 +600,41 @@ public:
     void failed_wait(int id, bool destroy) {
         if (!running()) return;
         Step& step = steps_[static_cast<std::size_t>(id)];
+        if (!step.done->pending()) {  // resolved already: there is nothing to wait for
+            end(id, destroy ? End::destroy : End::wait);
+            return;
+        }
         const bool stuck = config_.wait_faults == WaitFaults::stuck;
         log() << "s" << id << (destroy ? " destroy" : " wait") << " with a failing wait"
               << (stuck ? " (left pending)" : " (recovered by synchronize())");
         const std::size_t sunk_before = sunk_.size();
-        std::vector<int> pending;  // the runs the failure may reach
-        for (const Step& other : steps_) {
-            if (other.phase == Phase::finished && !other.complete) pending.push_back(other.id);
-        }
-        arm_wait_fault(stuck);
-        Status waited;
-        if (destroy) {
-            step.done.reset();
-            step.released = true;
+        FaultPlan plan;
+        if (stuck) {
+            plan.stuck = true;
         } else {
-            waited = step.done->wait();
+            plan.op = FaultOp::synchronize_event;
         }
-        disarm_wait_faults();
-        log() << (waited ? "\n" : " -> " + waited.message() + "\n");
-        const bool reported = sunk_.size() > sunk_before;
-        for (std::size_t i = sunk_before; i < sunk_.size(); ++i, ++expected_sinks_) {
-            if (sunk_[i].find("could not be waited for") == std::string::npos &&
-                sunk_[i].find("injected") == std::string::npos) {
-                fail("s" + std::to_string(id) + ": the error sink got a report no failed wait explains: " + sunk_[i]);
+        forced_.push_front(plan);
+        Faulted<Status> waited = faulted(Call::wait, true, [&] {
+            if (destroy) {
+                step.done.reset();
+                step.released = true;
+                return Status();
             }
+            return step.done->wait();
+        });
+        log() << (waited.result ? "\n" : " -> " + waited.result.message() + "\n");
+        const bool reported = sunk_.size() > sunk_before;
+        if (!waited.result && !allowed_wait_failure(step, waited)) {
+            fail("s" + std::to_string(id) +
+                 ": a failed wait returned a failure no fault explains: " + waited.result.message());
+            return;
         }
         if (!stuck) {
-            for (int other : pending) steps_[static_cast<std::size_t>(other)].wait_may_fail = true;
             if (!destroy && step.done->pending()) {
                 fail("s" + std::to_string(id) +
-                     ": a failed wait synchronize() recovered from left the Completion "
-                     "pending: " +
-                     waited.message());
+                     ": a failed wait synchronize() recovered from left the Completion pending: " +
+                     waited.result.message());
             }
             completed(step);
             return;
@@ -793,7 +647,7 @@ public:
             }
             return;
         }
-        if (waited) {  // nothing was left to wait for
+        if (waited.result) {  // nothing was left to wait for
             completed(step);
             return;
         }
@@ -801,12 +655,9 @@ public:
             fail("s" + std::to_string(id) +
                  ": a failed wait whose work stays pending left the Completion not pending "
                  "(its host memory handed back early): " +
-                 waited.message());
+                 waited.result.message());
         }
-        const Status again = step.done->wait();
-        log() << "s" << id << " wait again" << (again ? "\n" : " -> " + again.message() + "\n");
-        if (!again) fail("s" + std::to_string(id) + ": the wait after a failed one failed: " + again.message());
-        completed(step);
+        wait_again(step);
     }
 
     /// Switches the output policy; the next bind follows it.
@@ -816,6 +667,94 @@ public:
         stager_->set_output_policy(policy_);
         log() << "output policy " << (policy_ == OutputPolicy::zero ? "zero" : "kernel_writes_all") << "\n";
         if (stager_->output_policy() != policy_) fail("output_policy() does not answer the policy just set");
+    }
+
+    /// reserve(bytes) between steps (retained strategies): busy while a run is live or a frame
+    /// unbound or held; afterwards binds that fit move no address.
+    void reserve(std::size_t bytes) {
+        if (!running()) return;
+        if constexpr (retained) {
+            const bool in_use = std::any_of(steps_.begin(), steps_.end(),
+                                            [](const Step& s) { return s.phase == Phase::bound || holds_slot(s); });
+            log() << "reserve " << bytes;
+            Faulted<Status> reserved = faulted(Call::reserve, true, [&] { return stager_->reserve(bytes); });
+            ++report_.tally.reserves;
+            log() << (reserved.result ? "\n" : " -> " + reserved.result.message() + "\n");
+            if (in_use) {
+                if (reserved.result.code() != Errc::busy) {
+                    fail("reserve() while a run is live or a frame unbound or held answered '" +
+                         (reserved.result ? std::string("ok") : reserved.result.message()) + "', not busy");
+                }
+                return;
+            }
+            if (!reserved.result) {
+                reserved_.reset();  // some slots may have grown
+                if (!injected(reserved, reserved.result)) fail("reserve() failed: " + reserved.result.message());
+                return;
+            }
+            reserved_ = bytes;
+            address_changes_ = stats().address_changes;
+        } else {
+            (void)bytes;
+        }
+    }
+
+    /// release() between steps: ends the live runs (no copy-back), waits for every run in
+    /// flight and gives the memory back. Refused (busy, nothing changed) while a frame is
+    /// unbound or held by its run's Completion.
+    void release() {
+        if (!running()) return;
+        const bool frames_held = std::any_of(steps_.begin(), steps_.end(), [](const Step& s) {
+            return frame_holds_slot(s);
+        });
+        wait_for_foreign_kernels();
+        log() << "release";
+        Faulted<Status> released = faulted(Call::release, true, [&] { return stager_->release(); });
+        ++report_.tally.releases;
+        log() << (released.result ? "\n" : " -> " + released.result.message() + "\n");
+        if (frames_held) {
+            if (released.result.code() != Errc::busy) {
+                fail("release() while a frame is unbound or held answered '" +
+                     (released.result ? std::string("ok") : released.result.message()) + "', not busy");
+                return;
+            }
+            for (const Step& step : steps_) {
+                if (step.phase == Phase::bound && !step.run->live()) {
+                    fail("release() refused (busy) but ended the live run of s" + std::to_string(step.id));
+                }
+            }
+            return;
+        }
+        if (!released.result && !injected(released, released.result)) {
+            fail("release() failed: " + released.result.message());
+            return;
+        }
+        for (Step& step : steps_) {
+            if (step.phase != Phase::bound) continue;
+            if (step.run->live()) fail("release() left the run of s" + std::to_string(step.id) + " live");
+            step.run.reset();
+            step.phase = Phase::dropped;
+        }
+        reserved_.reset();
+        if (!released.result) {
+            // What could not be waited for is kept: the engine releases again, with no fault.
+            const Status again = stager_->release();
+            log() << "release again" << (again ? "\n" : " -> " + again.message() + "\n");
+            if (!again) {
+                fail("release() after a failed one failed: " + again.message());
+                return;
+            }
+        }
+        unsettled_ = false;
+        // Every run in flight was waited for: its outputs are in host memory.
+        for (Step& step : steps_) {
+            if (step.phase == Phase::finished && !step.complete) {
+                if (step.done && step.done->pending()) {
+                    fail("s" + std::to_string(step.id) + ": its Completion is pending after release()");
+                }
+                completed(step);
+            }
+        }
     }
 
     /// A call the contract refuses (invalid_argument, or busy where every slot is held), which
@@ -845,7 +784,7 @@ public:
             }
             if (step.phase == Phase::bound) bound.push_back(step.id);
         }
-        const std::uint32_t kind = choices.below(3);
+        const std::uint32_t kind = choices.below(4);
         if (kind == 0 && !framed.empty()) {
             const Step& step =
                 steps_[static_cast<std::size_t>(framed[choices.below(static_cast<std::uint32_t>(framed.size()))])];
@@ -859,6 +798,12 @@ public:
             StagedRun moved(std::move(*step.run));
             expect(stager_->order_after_uploads(*step.run, stream), "order_after_uploads of a moved-from run", false);
             step.run.emplace(std::move(moved));  // the run lives on in the step
+        } else if (kind == 2) {
+            const std::size_t slot = config_.slots + choices.below(3);
+            const TensorArg none[] = {{nullptr, 0, Direction::In}};
+            Result<StagedRun> run = stager_->bind_slot(slot, none, stream);
+            expect(run.status(), "bind_slot on a slot out of range", false);
+            if (run) step_run_leak(std::move(*run));
         } else {
             const TensorArg null_device[] = {{nullptr, 64, Direction::In, Placement::Device}};
             Result<StagedRun> run = stager_->bind(null_device, stream);
@@ -885,12 +830,27 @@ public:
     }
 
     /// Ends the program: binds, runs and finishes what is open, waits for every Completion (in
-    /// the order `choices` gives), releases the stager and compares every host buffer.
+    /// the order `choices` gives), releases the stager and compares every host buffer. No fault
+    /// is injected from here on.
     void conclude(Choices& choices) {
+        choices_ = nullptr;
+        every_.reset();
         if (!running()) return;
+        if (config_.call_faults && choices.chance(1, 4)) {  // the stager's destruction fails to give back
+            destruction_plan_.op = choices.chance(1, 2) ? FaultOp::destroy_event : FaultOp::destroy_stream;
+            destruction_plan_.nth = 1 + choices.below(2);
+            destruction_plan_.persistent = choices.chance(1, 2);
+        }
         log() << "-- the end: finish what is open, wait for everything, release the stager\n";
         for (Step& step : steps_) {
-            if (step.phase == Phase::framed) bind_frame(step.id);
+            if (step.phase == Phase::framed) {
+                if (!bind_frame(step.id)) {
+                    if (running() && step.failed_binds > 0) {
+                        fail("s" + std::to_string(step.id) + ": the frame a failed bind left did not bind again");
+                    }
+                    step.phase = Phase::refused;
+                }
+            }
         }
         for (Step& step : steps_) {
             if (step.phase != Phase::bound) continue;
@@ -936,9 +896,21 @@ public:
         }
         if (sunk_.size() != expected_sinks_) {
             fail("the stager's error sink was called " + std::to_string(sunk_.size()) + " time(s), " +
-                 std::to_string(expected_sinks_) + " expected" + (sunk_.empty() ? "" : ": " + sunk_.front()));
+                 std::to_string(expected_sinks_) + " expected" + (sunk_.empty() ? "" : ": " + sunk_.back()));
+        }
+        if (owed_reports_ > 0) {
+            fail(std::to_string(owed_reports_) +
+                 " call(s) whose injected failure to give memory back was neither returned nor reported (the "
+                 "memory leaks unseen), the last under: " +
+                 owed_what_);
         }
         report_.stats = stats();
+        Tally& tally = report_.tally;
+        tally.programs = 1;
+        tally.binds = report_.stats.runs;
+        tally.mapped_runs = report_.stats.mapped_runs;
+        tally.map_failures = report_.stats.map_failures;
+        tally.batched_copies = report_.stats.batched_copies;
     }
 
     // ---- the random engine --------------------------------------------------------------------
@@ -958,6 +930,7 @@ public:
         const unsigned devices = config_.device_frames ? 1 + choices.below(2) : choices.below(3);
         for (unsigned i = 0; i < devices; ++i) add_device_buffer(sizes[choices.below(std::size(sizes))]);
         if (!start()) return;
+        choices_ = &choices;
         for (unsigned action = 0; action < config_.max_actions && !choices.exhausted() && running(); ++action) {
             if (!act(choices)) break;
         }
@@ -975,7 +948,9 @@ public:
     B& backend() noexcept { return *backend_; }
 
 private:
-    enum class Phase : std::uint8_t { framed, bound, finished, dropped, refused };
+    // failed: a stream-ordered finish that failed at the call (the run ended; its memory the
+    // engine's). dropped: ended without finish (or by release()).
+    enum class Phase : std::uint8_t { framed, bound, finished, dropped, refused, failed };
 
     struct HostBuffer {
         std::size_t bytes = 0;
@@ -999,12 +974,16 @@ private:
         Phase phase = Phase::refused;
         std::size_t slot = 0;
         bool kernel = false;
+        bool kernel_skipped = false;  // order_after_uploads failed: no kernel, a failed execution
+        bool foreign_kernel = false;  // on a stream ordered by the engine's own event
+        unsigned kernel_stream = 0;
         bool execution_ok = true;
         bool complete = false;  // known complete: waited, ready, destroyed
         bool released = false;  // its Completion destroyed or detached: a frame is handed back
         bool detached = false;
         bool in_place = false;       // a frame whose kernel uses its tensors where they lie (a mapped mirror)
-        bool wait_may_fail = false;  // resolved with another step's injected wait failure
+        bool wait_may_fail = false;  // resolved with an injected failure (its own or another step's)
+        unsigned failed_binds = 0;   // a frame's binds that failed (injected)
         std::uint64_t finish_order = 0;
         std::optional<HostFrame> frame;
         std::optional<StagedRun> run;
@@ -1033,6 +1012,253 @@ private:
         std::size_t bytes;
         bool reads, writes;
     };
+
+    // ---- faults around one stager call -----------------------------------------------------------
+
+    // A call's result, and what the plan armed around it did.
+    template <class R>
+    struct Faulted {
+        R result;
+        FaultPlan plan;
+        unsigned fired = 0;
+        bool unwaited = false;  // the call left work it could not wait for (reported or returned)
+    };
+
+    // Runs `call` (a stager call of kind `kind`) under the next plan, and checks what the
+    // injected faults may explain: reports to the error sink, failures to give memory back.
+    template <class F>
+    auto faulted(Call kind, bool sticky, F&& call) -> Faulted<decltype(call())> {
+        using R = decltype(call());
+        Faulted<R> out{call_default<R>(), {}, 0};
+        out.plan = next_plan(kind, sticky);
+        const std::size_t sunk_before = sunk_.size();
+        if (out.plan.any()) {
+            log() << "   (fault: " << out.plan.describe() << ")\n";
+            backend_->arm(out.plan);
+        }
+        out.result = call();
+        if (out.plan.any()) {
+            out.fired = backend_->fired();
+            const unsigned gave_back = backend_->fired_gives_back();
+            backend_->disarm();
+            if (out.fired > 0) log() << "   (failed: " << backend_->fired_log() << ")\n";
+            if (out.fired > 0) {
+                ++faulted_calls_;
+                for (Step& step : steps_) {
+                    if (step.phase == Phase::finished && !step.complete) step.wait_may_fail = true;
+                }
+            }
+            // Several failures may come back as one (the first error of a settle, say).
+            if (gave_back > 0 && sunk_.size() == sunk_before && succeeded(out.result)) {
+                ++owed_reports_;
+                owed_what_ = out.plan.describe();
+            }
+        }
+        const auto unwaited = [](const std::string& message) {
+            return message.find("could not be waited for") != std::string::npos;
+        };
+        if constexpr (!std::is_same_v<R, bool>) {
+            if constexpr (std::is_same_v<R, Status>) {
+                out.unwaited = unwaited(out.result.message());
+            } else {
+                out.unwaited = !out.result.ok() && unwaited(out.result.status().message());
+            }
+        }
+        for (std::size_t i = sunk_before; i < sunk_.size(); ++i) {
+            out.unwaited = out.unwaited || unwaited(sunk_[i]);
+            if (out.fired > 0 && explained(sunk_[i])) {
+                ++expected_sinks_;
+            } else {
+                note("the error sink got a report no injected fault explains: " + sunk_[i]);
+                ++expected_sinks_;
+            }
+        }
+        return out;
+    }
+    template <class R>
+    static R call_default() {
+        if constexpr (std::is_same_v<R, bool>) {
+            return false;
+        } else if constexpr (std::is_same_v<R, Status>) {
+            return Status();
+        } else {
+            return R(Status(Errc::invalid_argument, "not called"));
+        }
+    }
+    template <class R>
+    static bool succeeded(const R& result) {
+        if constexpr (std::is_same_v<R, bool>) {
+            return result;
+        } else {
+            return result.ok();
+        }
+    }
+    static bool explained(const std::string& message) {
+        return message.find("injected") != std::string::npos ||
+               message.find("could not be waited for") != std::string::npos;
+    }
+    // True when `failure` is what the faults of `call` explain (its code, and a message that
+    // names the injected failure); counts it.
+    template <class R>
+    bool injected(const Faulted<R>& call, const Status& failure) {
+        if (call.fired == 0 || failure.code() == Errc::busy || !explained(failure.message())) return false;
+        if (failure.code() != call.plan.code && failure.code() != Errc::backend_failure) return false;
+        ++report_.tally.failed_calls;
+        return true;
+    }
+    // A failed wait of `step` is allowed when faults of this call explain it, or when an
+    // earlier injected failure resolved its slot.
+    template <class R>
+    bool allowed_wait_failure(Step& step, const Faulted<R>& call, const Status& failure) {
+        if (injected(call, failure)) {
+            step.wait_may_fail = true;
+            return true;
+        }
+        if (step.wait_may_fail && explained(failure.message())) {
+            if (owed_reports_ > 0) --owed_reports_;  // a failed free, returned by a later wait
+            return true;
+        }
+        return false;
+    }
+    bool allowed_wait_failure(Step& step, const Faulted<Status>& call) {
+        return allowed_wait_failure(step, call, call.result);
+    }
+    // The result of a Completion known complete (wait() returns it without waiting), read
+    // before the engine destroys or detaches it, or after ready() answered true.
+    void read_result(Step& step) {
+        if (!step.done || step.done->pending()) return;
+        const Status result = step.done->wait();
+        if (result) return;
+        log() << "   (s" << step.id << "'s result: " << result.message() << ")\n";
+        if (step.wait_may_fail && explained(result.message())) {
+            if (owed_reports_ > 0) --owed_reports_;
+            return;
+        }
+        note("s" + std::to_string(step.id) +
+             ": its Completion resolved with a failure no fault explains: " + result.message());
+    }
+
+    // A Completion a failed wait left pending: the engine waits again, with no fault.
+    void wait_again(Step& step) {
+        const Status again = step.done->wait();
+        log() << "s" << step.id << " wait again" << (again ? "\n" : " -> " + again.message() + "\n");
+        if (!again && !(step.wait_may_fail && explained(again.message()))) {
+            fail("s" + std::to_string(step.id) + ": the wait after a failed one failed: " + again.message());
+            return;
+        }
+        if (step.done->pending()) {
+            fail("s" + std::to_string(step.id) + ": a wait with no fault left the Completion pending");
+            return;
+        }
+        completed(step);
+    }
+
+    // The plan for the next stager call of kind `kind`: a forced one (fault_next), else at
+    // random when call faults are on, else none.
+    FaultPlan next_plan(Call kind, bool sticky) {
+        if (!forced_.empty()) {
+            FaultPlan plan = forced_.front();
+            forced_.pop_front();
+            return plan;
+        }
+        if (every_) return *every_;
+        FaultPlan plan;
+        if (choices_ == nullptr || !config_.call_faults) return plan;
+        Choices& c = *choices_;
+        if (!c.chance(1, 4)) return plan;
+        if (first_synchronous_ && c.chance(1, 2)) {  // the stager makes its own stream now
+            plan.op = FaultOp::create_stream;
+            return plan;
+        }
+        if (sticky && c.chance(1, 5)) {  // every wait fails, alone or with another fault
+            plan.stuck = true;
+            if (c.chance(1, 2)) return plan;
+        }
+        std::vector<FaultOp> menu;
+        const auto offer = [&](std::initializer_list<FaultOp> ops) {
+            for (FaultOp op : ops) {
+                if (has_fault_op<B>(op) && allowed(kind, op)) menu.push_back(op);
+            }
+        };
+        using F = FaultOp;
+        switch (kind) {
+            case Call::bind:
+            case Call::bind_frame:
+                offer({F::device_malloc, F::device_free, F::pinned_malloc, F::pinned_free, F::map_host, F::unmap_host,
+                       F::copy_to_device_async, F::copy_to_device_batch, F::device_memset_async, F::copy_to_device,
+                       F::device_memset, F::record_event, F::event_ready, F::synchronize_event, F::stream_wait_event,
+                       F::create_event, F::create_stream, F::synchronize});
+                break;
+            case Call::frame:
+                offer({F::device_malloc, F::device_free, F::pinned_malloc, F::pinned_free, F::map_host, F::unmap_host,
+                       F::record_event, F::event_ready, F::synchronize_event, F::create_event});
+                break;
+            case Call::order:
+                offer({F::record_event, F::stream_wait_event});
+                break;
+            case Call::finish:
+                offer({F::copy_from_device_async, F::copy_from_device_batch, F::copy_from_device, F::record_event,
+                       F::stream_wait_event, F::device_free, F::synchronize_event, F::create_stream, F::synchronize});
+                break;
+            case Call::wait:
+            case Call::poll:
+            case Call::destroy:
+                offer({F::record_event, F::synchronize_event, F::event_ready, F::device_free, F::synchronize});
+                break;
+            case Call::drop:
+                offer({F::record_event, F::stream_wait_event, F::synchronize_event, F::device_free});
+                break;
+            case Call::reserve:
+                offer({F::device_malloc, F::device_free, F::pinned_malloc, F::pinned_free, F::map_host, F::unmap_host,
+                       F::synchronize_event, F::record_event});
+                break;
+            case Call::release:
+                offer({F::device_free, F::pinned_free, F::unmap_host, F::synchronize_event, F::record_event});
+                break;
+        }
+        if (c.chance(1, 8)) {  // now and then any operation at all
+            for (std::size_t op = 0; op < fault_op_count; ++op) {
+                const auto any = static_cast<FaultOp>(op);
+                if (has_fault_op<B>(any) && allowed(kind, any)) menu.push_back(any);
+            }
+        }
+        if (menu.empty()) return plan;
+        plan.op = menu[c.below(static_cast<std::uint32_t>(menu.size()))];
+        plan.nth = c.chance(1, 2) ? 1 : 2 + c.below(3);
+        plan.persistent = c.chance(1, 4);
+        plan.code = *plan.op == FaultOp::device_malloc || *plan.op == FaultOp::pinned_malloc ? Errc::out_of_memory
+                                                                                             : Errc::backend_failure;
+        return plan;
+    }
+    // Whether `op` may fail in a call of `kind`: not where the library does not give yet what
+    // the contract asks (sequential_config.hpp), unless that is expected.
+    bool allowed(Call kind, FaultOp op) const noexcept {
+        const bool joins = kind == Call::finish || kind == Call::drop || kind == Call::release;
+        if ((config_.expect & expect_kernel_streams_kept) == 0 && !devstage::SynchronizingBackend<B> && joins &&
+            (op == FaultOp::record_event || op == FaultOp::stream_wait_event)) {
+            return false;
+        }
+        if ((config_.expect & expect_dropped_free_reported) == 0) {
+            const bool grows =
+                kind == Call::bind || kind == Call::bind_frame || kind == Call::frame || kind == Call::reserve;
+            if (grows && may_misalign() && op == FaultOp::pinned_free && stats().mirror_alignment_retries == 0) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    // True when the backend's memory may come back misaligned for the slices (alignment 256):
+    // the mock with an offset, the slow backend (64-aligned).
+    bool may_misalign() const noexcept {
+        if constexpr (std::is_same_v<Base, SlowBackend>) {
+            return true;
+        } else if constexpr (std::is_same_v<Base, devstage::SimBackend>) {
+            return false;
+        } else {
+            return config_.mock_offset % alignment != 0;
+        }
+    }
 
     // ---- the steps' memory ------------------------------------------------------------------
 
@@ -1111,6 +1337,11 @@ private:
         return step.phase == Phase::bound || (step.phase == Phase::finished && !step.complete);
     }
     // A slot held: a live run, or a frame until its Completion is destroyed or detached.
+    // A frame unbound, or bound and its run's Completion still held: release() refuses under it.
+    // (A bound frame's live run is ended by release() like any other.)
+    static bool frame_holds_slot(const Step& step) noexcept {
+        return step.spec.frame && step.phase != Phase::bound && holds_slot(step);
+    }
     static bool holds_slot(const Step& step) noexcept {
         if (step.phase == Phase::bound) return true;
         return step.spec.frame && (step.phase == Phase::framed || (step.phase == Phase::finished && !step.released));
@@ -1122,6 +1353,10 @@ private:
     std::size_t busy_slots() const noexcept {
         return static_cast<std::size_t>(
             std::count_if(steps_.begin(), steps_.end(), [](const Step& s) { return holds_slot(s) || in_flight(s); }));
+    }
+    bool slot_held(std::size_t slot) const noexcept {
+        return std::any_of(steps_.begin(), steps_.end(),
+                           [slot](const Step& s) { return holds_slot(s) && s.slot == slot; });
     }
 
     // True when `step` shares host memory with a run in flight, one of them writing it.
@@ -1171,12 +1406,42 @@ private:
         }
         return false;
     }
+    // True when two args of `step` share host bytes.
+    bool aliased(const Step& step) {
+        const std::vector<Use> mine = uses(step);
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+            for (std::size_t j = i + 1; j < mine.size(); ++j) {
+                if (overlap(mine[i], mine[j])) return true;
+            }
+        }
+        return false;
+    }
+
+    // The bytes a plan of `step` takes from a slot at most (every staged tensor aligned).
+    std::size_t plan_bytes(const Step& step) const noexcept {
+        std::size_t bytes = 0;
+        for (const ArgSpec& arg : step.spec.args) {
+            if (arg.where == Where::device || arg.bytes == 0) continue;
+            bytes += (arg.bytes + alignment - 1) / alignment * alignment;
+        }
+        return bytes;
+    }
+    // After reserve(bytes) succeeded: a bind or frame that fits moved no slot's address.
+    void check_reserved(const Step& step, const char* what) {
+        if (!reserved_) return;
+        if (plan_bytes(step) <= *reserved_ && stats().address_changes != address_changes_) {
+            note("s" + std::to_string(step.id) + ": " + what + " of " + std::to_string(plan_bytes(step)) +
+                 " bytes moved a slot's address after reserve(" + std::to_string(*reserved_) + ")");
+        }
+        address_changes_ = stats().address_changes;
+        if (plan_bytes(step) > *reserved_) reserved_.reset();  // it may have grown past the reservation
+    }
 
     // ---- beginning a step ---------------------------------------------------------------------
 
     int begin_plain(Step& step) {
         std::ostringstream what;
-        what << "s" << step.id << " bind [";
+        what << "s" << step.id << (step.spec.synchronous ? " bind synchronously [" : " bind [");
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
             TensorArg t{pointer(arg), arg.bytes, arg.direction,
@@ -1188,36 +1453,77 @@ private:
                      : arg.memory == HostMemory::pageable ? " (said pageable)"
                                                           : "");
         }
-        what << "] on stream " << step.spec.bind_stream << ", finish on " << step.spec.finish_stream
-             << (step.spec.kernel_on_finish && step.spec.finish_stream != step.spec.bind_stream ? ", kernel there"
-                                                                                                : "");
+        what << "]";
+        if (step.spec.slot) what << " on slot " << *step.spec.slot;
+        if (!step.spec.synchronous) {
+            what << " on stream " << step.spec.bind_stream << ", finish on " << step.spec.finish_stream
+                 << (step.spec.kernel_on_finish && step.spec.finish_stream != step.spec.bind_stream ? ", kernel there"
+                                                                                                    : "");
+        }
         log() << what.str();
         const std::size_t held = held_slots();
         const bool idle = busy_slots() < config_.slots;
         const bool conflict = conflicts(step);
         const std::optional<std::string> live = live_overlap(step);
         const std::uint64_t waits = stats().host_waits;
-        Result<StagedRun> run = stager_->bind(step.args, streams_[step.spec.bind_stream]);
+        const std::optional<std::size_t> chosen = step.spec.slot;
+        const bool out_of_range = chosen && *chosen >= config_.slots;
+        const bool chosen_held = chosen && !out_of_range && slot_held(*chosen);
+        first_synchronous_ = step.spec.synchronous && !synchronous_yet_;
+        Faulted<Result<StagedRun>> bound = faulted(Call::bind, true, [&] {
+            const Stream stream = streams_[step.spec.bind_stream];
+            if (step.spec.synchronous)
+                return chosen ? stager_->bind_slot(*chosen, step.args) : stager_->bind(step.args);
+            return chosen ? stager_->bind_slot(*chosen, step.args, stream) : stager_->bind(step.args, stream);
+        });
+        first_synchronous_ = false;
+        Result<StagedRun>& run = bound.result;
+        if (step.spec.synchronous && run) synchronous_yet_ = true;
         if (!run) {
             log() << " -> " << run.status().message() << "\n";
             step.phase = Phase::refused;
-            if (run.status().code() != Errc::busy) {
+            check_reserved(step, "a failed bind");
+            const Errc code = run.status().code();
+            if (out_of_range) {
+                if (code != Errc::invalid_argument) {
+                    fail("s" + std::to_string(step.id) + ": bind_slot out of range answered '" +
+                         run.status().message() + "', not invalid_argument");
+                }
+            } else if (code == Errc::busy) {
+                if (chosen ? !chosen_held && !live : held < config_.slots && !live) {
+                    fail("s" + std::to_string(step.id) + ": bind refused (busy) without cause: " +
+                         (chosen ? "slot " + std::to_string(*chosen) + " is not held"
+                                 : std::to_string(held) + " of " + std::to_string(config_.slots) + " slot(s) held") +
+                         ", and no live run copies back its host memory: " + run.status().message());
+                }
+            } else if (!injected(bound, run.status())) {
                 fail("s" + std::to_string(step.id) + ": bind failed: " + run.status().message());
-            } else if (held < config_.slots && !live) {
-                fail("s" + std::to_string(step.id) + ": bind refused (busy) without cause: " + std::to_string(held) +
-                     " of " + std::to_string(config_.slots) +
-                     " slot(s) held, and no live run copies back its host memory: " + run.status().message());
             }
+            if (bound.unwaited) wait_for_device();
             return -1;
         }
         log() << " -> slot " << run->slot() << "\n";
         step.slot = run->slot();
-        if (!check_slot_taken(step, held, "bind")) {
+        if (out_of_range) fail("s" + std::to_string(step.id) + ": bind_slot out of range succeeded");
+        if (chosen_held || (chosen && run->slot() != *chosen)) {
+            fail("s" + std::to_string(step.id) + ": bind_slot(" + std::to_string(*chosen) + ") bound on slot " +
+                 std::to_string(run->slot()) + (chosen_held ? ", a slot held by a live run or a frame" : ""));
             step.run.emplace(std::move(*run));
             step.phase = Phase::bound;
             return -1;
         }
-        if (!conflict && (!packs || idle) && stats().host_waits != waits) {
+        if (!check_slot_taken(step, held, chosen ? "bind_slot" : "bind")) {
+            step.run.emplace(std::move(*run));
+            step.phase = Phase::bound;
+            return -1;
+        }
+        // A packed bind_slot reuses the slot it is given: when its run may be pending the host
+        // waits for it, as the contract says.
+        const bool chosen_pending = chosen && std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) {
+                                        return s.id != step.id && in_flight(s) && s.slot == *chosen;
+                                    });
+        if (!bound.fired && !unsettled_ && !step.spec.synchronous && !conflict &&
+            (!packs || (chosen ? !chosen_pending : idle)) && stats().host_waits != waits) {
             note("s" + std::to_string(step.id) + ": bind waited on the host (" +
                  std::to_string(stats().host_waits - waits) + " host wait(s)) though no run in flight shares its " +
                  "host memory" + (packs ? " and a slot was idle" : ""));
@@ -1225,6 +1531,10 @@ private:
         check_device_args(step, *run);
         step.run.emplace(std::move(*run));
         step.phase = Phase::bound;
+        if (chosen) ++report_.tally.bind_slots;
+        if (step.spec.synchronous) ++report_.tally.sync_steps;
+        if (aliased(step)) ++report_.tally.aliased_runs;
+        check_reserved(step, "a bind");
         model_bind(step);
         return step.id;
     }
@@ -1253,48 +1563,55 @@ private:
         const std::size_t held = held_slots();
         const bool idle = busy_slots() < config_.slots;
         const std::uint64_t waits = stats().host_waits;
-        Result<HostFrame> frame = [&]() -> Result<HostFrame> {
+        Faulted<Result<HostFrame>> made = faulted(Call::frame, true, [&]() -> Result<HostFrame> {
             if constexpr (packs) {
                 return stager_->frame(shapes);
             } else {
                 return Status(Errc::not_supported, "no frames without packing");
             }
-        }();
+        });
+        Result<HostFrame>& frame = made.result;
         if (!frame) {
             log() << " -> " << frame.status().message() << "\n";
             step.phase = Phase::refused;
-            if (frame.status().code() != Errc::busy) {
+            check_reserved(step, "a failed frame()");
+            if (frame.status().code() == Errc::busy) {
+                if (held < config_.slots) {
+                    fail("s" + std::to_string(step.id) + ": frame() refused (busy) with " + std::to_string(held) +
+                         " of " + std::to_string(config_.slots) + " slot(s) held: " + frame.status().message());
+                }
+            } else if (!injected(made, frame.status())) {
                 fail("s" + std::to_string(step.id) + ": frame() failed: " + frame.status().message());
-            } else if (held < config_.slots) {
-                fail("s" + std::to_string(step.id) + ": frame() refused (busy) with " + std::to_string(held) + " of " +
-                     std::to_string(config_.slots) + " slot(s) held: " + frame.status().message());
             }
             return -1;
         }
         log() << " -> slot " << frame->slot() << "\n";
         step.slot = frame->slot();
+        step.frame.emplace(std::move(*frame));
         if (!check_slot_taken(step, held, "frame()")) {
-            step.frame.emplace(std::move(*frame));
             step.phase = Phase::framed;
             return -1;  // the held frame's memory may be gone: the program stops here
         }
-        if (idle && stats().host_waits != waits) {
+        ++report_.tally.frames;
+        if (!made.fired && !unsettled_ && idle && stats().host_waits != waits) {
             note("s" + std::to_string(step.id) + ": frame() waited on the host (" +
                  std::to_string(stats().host_waits - waits) + " host wait(s)) though a slot was idle");
         }
-        step.frame.emplace(std::move(*frame));
+        check_reserved(step, "a frame");
+        const HostFrame& held_frame = *step.frame;
         const std::size_t count = step.spec.args.size();
         step.tensors.resize(count);
         step.model.resize(count);
         step.unknown.resize(count);
         step.defined.assign(count, false);
-        if (step.frame->size() != count)
+        if (held_frame.size() != count) {
             fail("s" + std::to_string(step.id) + ": the frame has the wrong number of tensors");
-        for (std::size_t i = 0; i < count && i < step.frame->size(); ++i) {
-            const std::span<std::byte> tensor = step.frame->host(i);
+        }
+        for (std::size_t i = 0; i < count && i < held_frame.size(); ++i) {
+            const std::span<std::byte> tensor = held_frame.host(i);
             const ArgSpec& arg = step.spec.args[i];
             if (arg.where == Where::device) {
-                const TensorArg& passed = step.frame->args()[i];
+                const TensorArg& passed = held_frame.args()[i];
                 if (!tensor.empty() || passed.placement != Placement::Device || passed.data != pointer(arg) ||
                     passed.bytes != arg.bytes || passed.direction != arg.direction) {
                     fail("s" + std::to_string(step.id) + ": frame tensor " + std::to_string(i) +
@@ -1403,6 +1720,105 @@ private:
         }
     }
 
+    // Destroys the stager (under destruction_plan_): every failure it meets goes to the error
+    // sink; what it could not give back stays with the backend (Faulty gives it back later).
+    void destroy_stager() {
+        if (!stager_) return;
+        const std::size_t sunk_before = sunk_.size();
+        const bool armed = destruction_plan_.any() && ok();
+        if (armed) {
+            log() << "destroy the stager   (fault: " << destruction_plan_.describe() << ")\n";
+            backend_->arm(destruction_plan_);
+        }
+        stager_.reset();
+        const unsigned fired = armed ? backend_->fired() : 0;
+        backend_->disarm();
+        if (fired > 0) log() << "   (failed: " << backend_->fired_log() << ")\n";
+        if (!ok()) return;
+        for (std::size_t i = sunk_before; i < sunk_.size(); ++i) {
+            if (fired == 0 || !explained(sunk_[i])) {
+                fail("destroying the stager reported what no injected fault explains: " + sunk_[i]);
+            }
+        }
+        if (fired > 0 && sunk_.size() == sunk_before) {
+            fail("destroying the stager met " + std::to_string(fired) + " injected failure(s) and reported none");
+        }
+    }
+
+    // ---- synchronous steps and failed finishes --------------------------------------------------
+
+    // A synchronous step's finish: the engine waits for its kernel, then finish(run) copies
+    // back and returns once the outputs are in host memory.
+    bool finish_synchronously(Step& step, bool execution_ok) {
+        if (step.kernel && !step.kernel_skipped) {
+            const unsigned on = step.kernel_stream;
+            expect_ok(engine().record_event(kernel_events_[on], streams_[on]), "engine record_event");
+            expect_ok(engine().synchronize_event(kernel_events_[on]), "engine synchronize_event");
+        }
+        const Status execution = execution_ok ? Status() : Status(Errc::backend_failure, "the kernel failed");
+        Faulted<Status> finished =
+            faulted(Call::finish, false, [&] { return stager_->finish(std::move(*step.run), execution); });
+        step.run.reset();
+        log() << "s" << step.id << " finish synchronously" << (execution_ok ? "" : " (execution failed)");
+        if (!finished.result) {
+            log() << " -> " << finished.result.message() << "\n";
+            if (!injected(finished, finished.result)) {
+                fail("s" + std::to_string(step.id) + ": finish failed: " + finished.result.message());
+                step.phase = Phase::dropped;
+                return false;
+            }
+            failed_finish(step);
+            return false;
+        }
+        log() << "\n";
+        step.phase = Phase::finished;
+        step.execution_ok = execution_ok;
+        step.finish_order = ++finishes_;
+        step.released = true;
+        model_finish(step);
+        completed(step);
+        return true;
+    }
+
+    // A finish that failed at the call ended the run: its host memory is the engine's again
+    // (a frame handed back), and what it copies back is undefined.
+    void failed_finish(Step& step) {
+        step.phase = Phase::failed;
+        step.released = true;
+        step.complete = true;
+        for (const ArgSpec& arg : step.spec.args) {
+            if (arg.where == Where::device || arg.bytes == 0 || !devstage::copies_back(arg.direction)) continue;
+            if (arg.where == Where::frame && arg.index == step.id) continue;  // handed back: never read again
+            std::uint8_t* unknown = unknown_of(arg);
+            std::fill(unknown, unknown + arg.bytes, std::uint8_t{1});
+        }
+    }
+
+    // A call failed and could not wait for what it had enqueued: the device may still read the
+    // run's inputs or complete its direct copy-backs (async.md). The engine's way out is the
+    // device's: it waits for the whole device (synchronize(), where the backend has it) or for
+    // its own streams before it touches that memory again. The stager's slots may still hold
+    // work the model sees nothing of, until a release() settles them.
+    void wait_for_device() {
+        unsettled_ = true;
+        log() << "engine waits for the device\n";
+        if constexpr (devstage::SynchronizingBackend<A>) {
+            expect_ok(engine().synchronize(), "engine synchronize");
+        }
+        drain_streams();
+    }
+
+    // Waits for the engine's kernels that run on a stream the stager was not told of (ordered
+    // by the engine's own event), before release() ends their live runs.
+    void wait_for_foreign_kernels() {
+        for (const Step& step : steps_) {
+            if (step.phase != Phase::bound || !step.foreign_kernel) continue;
+            const unsigned on = step.kernel_stream;
+            expect_ok(engine().record_event(kernel_events_[on], streams_[on]), "engine record_event");
+            expect_ok(engine().synchronize_event(kernel_events_[on]), "engine synchronize_event");
+        }
+    }
+
     // ---- completions --------------------------------------------------------------------------
 
     // Step `step` is known complete: its outputs must be in host memory now, where no run
@@ -1425,7 +1841,8 @@ private:
     // ---- the model ------------------------------------------------------------------------------
 
     // Out args start as zeros (OutputPolicy::zero) or as bytes nobody defines
-    // (kernel_writes_all): the policy at the bind counts.
+    // (kernel_writes_all): the policy at the bind counts. Every upload reads the host bytes as
+    // the bind found them.
     void model_bind(Step& step) {
         step.policy = policy_;
         step.staged.resize(step.spec.args.size());
@@ -1473,21 +1890,51 @@ private:
             }
         }
     }
+    // The copy-backs into the model's host memory. Where two copied-back args of the run
+    // overlap, the bytes on which they differ are undefined.
     void model_finish(Step& step) {
         if (!step.execution_ok) {
             // Nothing is copied back, but a frame used in place holds what its kernel wrote.
             if (step.in_place) model_in_place_writes(step);
             return;
         }
+        const auto backs = [&](std::size_t i) {
+            const ArgSpec& arg = step.spec.args[i];
+            return arg.where != Where::device && devstage::copies_back(arg.direction) && arg.bytes > 0;
+        };
         for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
             const ArgSpec& arg = step.spec.args[i];
-            if (arg.where == Where::device || !devstage::copies_back(arg.direction) || arg.bytes == 0) continue;
+            if (!backs(i)) continue;
             std::memcpy(model_of(arg), step.staged[i].data(), arg.bytes);
             std::memcpy(unknown_of(arg), step.staged_unknown[i].data(), arg.bytes);
             if (arg.where == Where::frame && arg.offset == 0 &&
                 arg.bytes ==
                     steps_[static_cast<std::size_t>(arg.index)].model[static_cast<std::size_t>(arg.tensor)].size()) {
                 steps_[static_cast<std::size_t>(arg.index)].defined[static_cast<std::size_t>(arg.tensor)] = true;
+            }
+        }
+        for (std::size_t i = 0; i < step.spec.args.size(); ++i) {
+            if (!backs(i)) continue;
+            for (std::size_t j = i + 1; j < step.spec.args.size(); ++j) {
+                if (backs(j)) mark_disagreement(step, i, j);
+            }
+        }
+    }
+    // Copied-back args i and j of `step`: where they overlap and differ (or either is
+    // undefined), the host bytes are undefined.
+    void mark_disagreement(Step& step, std::size_t i, std::size_t j) {
+        const ArgSpec& a = step.spec.args[i];
+        const ArgSpec& b = step.spec.args[j];
+        const std::byte* pa = pointer(a);
+        const std::byte* pb = pointer(b);
+        const std::byte* begin = std::max(pa, pb);
+        const std::byte* end = std::min(pa + a.bytes, pb + b.bytes);
+        for (const std::byte* at = begin; at < end; ++at) {
+            const auto x = static_cast<std::size_t>(at - pa);
+            const auto y = static_cast<std::size_t>(at - pb);
+            if (step.staged[i][x] != step.staged[j][y] || step.staged_unknown[i][x] != 0 ||
+                step.staged_unknown[j][y] != 0) {
+                unknown_of(a)[x] = 1;
             }
         }
     }
@@ -1552,7 +1999,9 @@ private:
         poll,
         destroy,
         detach,
-        write
+        write,
+        reserve,
+        release
     };
 
     // One move of the random engine; false when there is nothing left to do.
@@ -1588,7 +2037,11 @@ private:
             const Use use{host_[i].data, host_[i].bytes, true, true};
             if (!used_in_flight(use) && !tainted(static_cast<int>(i))) add(Move::write, static_cast<int>(i), 1);
         }
-        if (moves.empty() || (!more_steps && moves.size() == 0)) return false;
+        if (config_.reserve_release) {
+            if (retained) add(Move::reserve, -1, 1);
+            add(Move::release, -1, 1);
+        }
+        if (moves.empty()) return false;
         if (!more_steps) {
             bool open = false;
             for (const Step& step : steps_) open = open || step.phase == Phase::framed || step.phase == Phase::bound;
@@ -1641,6 +2094,12 @@ private:
             case Move::write:
                 engine_write(target);
                 break;
+            case Move::reserve:
+                reserve(reserve_sizes[choices.below(static_cast<std::uint32_t>(std::size(reserve_sizes)))]);
+                break;
+            case Move::release:
+                release();
+                break;
         }
         return true;
     }
@@ -1680,8 +2139,10 @@ private:
         spec.finish_stream = choices.chance(1, 2) ? spec.bind_stream : choices.below(config_.streams);
         spec.kernel_on_finish = choices.chance(1, 2);
         spec.partial = config_.partial_kernels && choices.chance(1, 2);
-        const unsigned count = 1 + choices.below(4);
+        const unsigned count_base = 1 + choices.below(4);
+        unsigned count_extra = 0;
         if (spec.frame) {
+            const unsigned count = count_base;
             spec.bind_object = choices.chance(1, 2);
             std::vector<int> devices;  // each device buffer at most once a frame
             for (std::size_t d = 0; d < device_.size(); ++d) devices.push_back(static_cast<int>(d));
@@ -1721,6 +2182,10 @@ private:
             }
             return spec;
         }
+        if (config_.sync_steps && choices.chance(1, 4)) spec.synchronous = true;
+        if (config_.bind_slots && choices.chance(1, 3)) {
+            spec.slot = choices.chance(1, 8) ? config_.slots + choices.below(2) : choices.below(config_.slots);
+        }
         std::vector<ArgSpec> candidates;
         for (std::size_t b = 0; b < host_.size(); ++b) {
             const Use use{host_[b].data, host_[b].bytes, true, true};
@@ -1751,19 +2216,33 @@ private:
                 candidates.push_back(arg);  // fed back often
             }
         }
-        for (unsigned i = 0; i < count && !candidates.empty(); ++i) {
+        std::optional<ArgSpec> repeat;  // the host buffer the next arg takes again (aliasing)
+        for (unsigned i = 0; i < count_base + count_extra && !candidates.empty(); ++i) {
+            const unsigned count = count_base + count_extra;
             const std::size_t pick = choices.below(static_cast<std::uint32_t>(candidates.size()));
-            ArgSpec arg = candidates[pick];
-            candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                            [&](const ArgSpec& c) {
-                                                return c.where == arg.where && c.index == arg.index &&
-                                                       c.tensor == arg.tensor;
-                                            }),
-                             candidates.end());
+            ArgSpec arg = repeat ? *repeat : candidates[pick];
+            repeat.reset();
+            // With aliasing a host buffer may come again in the same run (another range of it,
+            // another direction), often as the very next arg; everything else comes once.
+            const bool again = config_.aliasing && arg.where == Where::host && choices.chance(1, 2);
+            if (again && choices.chance(1, 2)) {
+                repeat = arg;
+                repeat->offset = 0;
+                repeat->bytes = host_[static_cast<std::size_t>(arg.index)].bytes;
+                if (i + 1 == count && count < 4) ++count_extra;
+            }
+            if (!again) {
+                candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                                [&](const ArgSpec& c) {
+                                                    return c.where == arg.where && c.index == arg.index &&
+                                                           c.tensor == arg.tensor;
+                                                }),
+                                 candidates.end());
+            }
             if (arg.where == Where::device && !choices.chance(1, 2)) continue;  // device args less often
             arg.direction = random_direction(choices);
             if (arg.where == Where::frame && choices.chance(2, 3)) arg.direction = Direction::In;
-            if (arg.bytes > 1 && choices.chance(1, 4)) {  // a part of the buffer
+            if (arg.bytes > 1 && choices.chance(again ? 2 : 1, 4)) {  // a part of the buffer
                 arg.offset = choices.below(static_cast<std::uint32_t>(arg.bytes));
                 arg.bytes = 1 + choices.below(static_cast<std::uint32_t>(arg.bytes - arg.offset));
             } else if (choices.chance(1, 24)) {
@@ -1799,46 +2278,44 @@ private:
 
     // ---- plumbing -------------------------------------------------------------------------------
 
-    void drain_streams() {
-        for (std::size_t i = 0; i < streams_.size(); ++i) {
-            expect_ok(backend_->record_event(kernel_events_[i], streams_[i]), "engine record_event");
-            expect_ok(backend_->synchronize_event(kernel_events_[i]), "engine synchronize_event");
+    A& engine() noexcept {
+        if constexpr (streams) {
+            return *backend_;
+        } else {
+            return *adapter_;
+        }
+    }
+    Status pinned_free(void* pointer) noexcept {
+        if constexpr (devstage::PinnedHostBackend<B>) {
+            return backend_->pinned_free(pointer);
+        } else {
+            (void)pointer;
+            return {};
         }
     }
 
-    // The next wait for an event fails; `stuck`: and so does the mock's next synchronize().
-    void arm_wait_fault(bool stuck) {
-        if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
-            backend_->fail_call(devstage::MockOp::synchronize_event,
-                                backend_->calls(devstage::MockOp::synchronize_event) + 1);
-            if (stuck)
-                backend_->fail_call(devstage::MockOp::synchronize, backend_->calls(devstage::MockOp::synchronize) + 1);
-        } else if constexpr (std::is_same_v<B, SlowBackend>) {
-            (void)stuck;
-            backend_->fail_next_waits(1);
-        } else {
-            (void)stuck;
+    void drain_streams() {
+        for (std::size_t i = 0; i < streams_.size(); ++i) {
+            expect_ok(engine().record_event(kernel_events_[i], streams_[i]), "engine record_event");
+            expect_ok(engine().synchronize_event(kernel_events_[i]), "engine synchronize_event");
         }
     }
-    void disarm_wait_faults() {
-        if constexpr (std::is_base_of_v<devstage::MockBackend, B>) {
-            backend_->clear_faults();
-        } else if constexpr (std::is_same_v<B, SlowBackend>) {
-            backend_->fail_next_waits(0);
-        }
-    }
+
     std::uint64_t misuses() const {
-        if constexpr (std::is_base_of_v<devstage::MockBackend, B> || std::is_same_v<B, SlowBackend>) {
+        if constexpr (std::is_base_of_v<devstage::MockBackend, Base> || std::is_same_v<Base, SlowBackend> ||
+                      std::is_same_v<Base, StreamlessMock>) {
             return backend_->misuses();
         } else {
             return 0;
         }
     }
     std::string first_misuse() const {
-        if constexpr (std::is_same_v<B, SlowBackend>) {
+        if constexpr (std::is_same_v<Base, SlowBackend>) {
             return backend_->first_misuse();
+        } else if constexpr (std::is_base_of_v<devstage::MockBackend, Base> || std::is_same_v<Base, StreamlessMock>) {
+            return backend_->misuse_report();
         } else {
-            return "(see the mock's journal)";
+            return "(none)";
         }
     }
 
@@ -1874,6 +2351,7 @@ private:
     Config config_;
     Report& report_;
     std::unique_ptr<B> backend_;
+    std::optional<devstage::SynchronousAdapter<B>> adapter_;  // the engine's streams, without the backend's
     std::vector<HostBuffer> host_;
     std::vector<DeviceBuffer> device_;
     std::optional<devstage::Stager<B, S>> stager_;
@@ -1882,7 +2360,21 @@ private:
     std::deque<Step> steps_;
     std::vector<std::unique_ptr<Job>> jobs_;
     std::vector<std::string> sunk_;
-    std::size_t expected_sinks_ = 0;  // reports of destructors whose wait was made to fail
+    std::size_t expected_sinks_ = 0;  // reports injected faults explain
+    Choices* choices_ = nullptr;      // while the random engine drives: where plans come from
+    std::deque<FaultPlan> forced_;    // plans for the next calls (fault_next)
+    std::optional<FaultPlan> every_;  // around every call (fault_every_call)
+    FaultPlan destruction_plan_;      // around the stager's destruction
+    bool synchronous_yet_ = false;    // a synchronous call succeeded: the stager has its own stream
+    bool first_synchronous_ = false;  // the call now is the first synchronous one
+    std::uint64_t faulted_calls_ = 0;
+    std::uint64_t owed_reports_ = 0;  // failures to give back neither returned nor reported yet
+    std::string owed_what_;
+    // A failed call left work it could not wait for: slots may be
+    // waited for where the model sees nothing in flight, until a release() settles them.
+    bool unsettled_ = false;
+    std::optional<std::size_t> reserved_;  // what reserve() succeeded with, until a release()
+    std::uint64_t address_changes_ = 0;    // StagerStats::address_changes then
     std::string trace_;
     std::uint64_t finishes_ = 0;
     std::uint64_t writes_ = 0;
@@ -1911,9 +2403,9 @@ inline void on_crash(int signal) {
     std::raise(signal);
 }
 
-template <class B, class S>
+template <class Base, class S>
 void run_typed(const Config& config, Choices& choices, Report& report, int trace_fd) {
-    Runner<B, S> runner(config, report);
+    Runner<Base, S> runner(config, report);
     if (trace_fd >= 0) {
         crash_fd = trace_fd;
         crash_trace = &runner.trace();
@@ -1925,17 +2417,17 @@ void run_typed(const Config& config, Choices& choices, Report& report, int trace
     crash_trace = nullptr;
 }
 
-template <class B>
+template <class Base>
 void run_on(const Config& config, Choices& choices, Report& report, int trace_fd) {
     switch (config.strategy) {
         case StrategyKind::bump:
-            return run_typed<B, Bump>(config, choices, report, trace_fd);
+            return run_typed<Base, Bump>(config, choices, report, trace_fd);
         case StrategyKind::packed:
-            return run_typed<B, Packed>(config, choices, report, trace_fd);
+            return run_typed<Base, Packed>(config, choices, report, trace_fd);
         case StrategyKind::per_tensor:
-            return run_typed<B, PerTensor>(config, choices, report, trace_fd);
+            return run_typed<Base, PerTensor>(config, choices, report, trace_fd);
         case StrategyKind::mapped:
-            return run_typed<B, Mapped>(config, choices, report, trace_fd);
+            return run_typed<Base, Mapped>(config, choices, report, trace_fd);
     }
 }
 
@@ -1945,6 +2437,7 @@ inline Report run_program(const Config& config, Choices& choices, int trace_fd =
     report.config = config;
     switch (config.backend) {
         case BackendKind::mock:
+        case BackendKind::eager_mock:
             run_on<devstage::MockBackend>(config, choices, report, trace_fd);
             break;
         case BackendKind::sim:
@@ -1956,68 +2449,68 @@ inline Report run_program(const Config& config, Choices& choices, int trace_fd =
         case BackendKind::mock_no_memset:
             run_on<NoMemsetMock>(config, choices, report, trace_fd);
             break;
-        case BackendKind::eager_mock:
-            run_on<devstage::MockBackend>(config, choices, report, trace_fd);
+        case BackendKind::streamless:
+            run_on<StreamlessMock>(config, choices, report, trace_fd);
             break;
     }
     return report;
 }
 
 /// The configuration of program `seed`: it cycles through every combination.
-inline Config seed_config(std::uint64_t seed, Choices& choices, unsigned max_steps) {
-    Config config = config_for(seed, choices);
+inline Config seed_config(std::uint64_t seed, Choices& choices, unsigned max_steps, unsigned expect = 0) {
+    Config config = config_for(seed, choices, expect);
     config.max_steps = max_steps;
     return config;
 }
 
 /// Program `seed`, in this process.
-inline Report run_seed(std::uint64_t seed, unsigned max_steps = 14) {
+inline Report run_seed(std::uint64_t seed, unsigned max_steps = 14, unsigned expect = 0) {
     Choices choices(seed);
-    const Config config = seed_config(seed, choices, max_steps);
+    const Config config = seed_config(seed, choices, max_steps, expect);
     return run_program(config, choices);
 }
 
 /// Program `seed` in a child process, so that a stager that crashes (a use after free) is
-/// reported with the trace so far instead of ending the suite.
-inline Report run_seed_isolated(std::uint64_t seed, unsigned max_steps = 14) {
+/// reported with the trace so far instead of ending the suite. The tally comes back too.
+inline Report run_seed_isolated(std::uint64_t seed, unsigned max_steps = 14, unsigned expect = 0) {
     int trace[2], verdict[2];
-    if (::pipe(trace) != 0) return run_seed(seed, max_steps);
+    if (::pipe(trace) != 0) return run_seed(seed, max_steps, expect);
     if (::pipe(verdict) != 0) {
         ::close(trace[0]);
         ::close(trace[1]);
-        return run_seed(seed, max_steps);
+        return run_seed(seed, max_steps, expect);
     }
     const pid_t child = ::fork();
     if (child < 0) {
         for (int fd : {trace[0], trace[1], verdict[0], verdict[1]}) ::close(fd);
-        return run_seed(seed, max_steps);
+        return run_seed(seed, max_steps, expect);
     }
+    const auto write_all = [](int fd, const std::string& text) {
+        for (std::size_t at = 0; at < text.size();) {
+            const ssize_t wrote = ::write(fd, text.data() + at, text.size() - at);
+            if (wrote <= 0) break;
+            at += static_cast<std::size_t>(wrote);
+        }
+    };
     if (child == 0) {
         ::close(trace[0]);
         ::close(verdict[0]);
         Choices choices(seed);
-        const Config config = seed_config(seed, choices, max_steps);
+        const Config config = seed_config(seed, choices, max_steps, expect);
         const Report report = run_program(config, choices, trace[1]);
-        for (std::size_t at = 0; at < report.trace.size();) {
-            const ssize_t wrote = ::write(trace[1], report.trace.data() + at, report.trace.size() - at);
-            if (wrote <= 0) break;
-            at += static_cast<std::size_t>(wrote);
-        }
-        std::string failures;
-        for (const std::string& failure : report.failures) failures += failure + '\n';
-        std::size_t at = 0;
-        while (at < failures.size()) {
-            const ssize_t wrote = ::write(verdict[1], failures.data() + at, failures.size() - at);
-            if (wrote <= 0) break;
-            at += static_cast<std::size_t>(wrote);
-        }
+        write_all(trace[1], report.trace);
+        // The verdict: the tally's figures on the first line, then one failure per line.
+        std::ostringstream verdict_text;
+        verdict_text << report.tally.numbers() << '\n';
+        for (const std::string& failure : report.failures) verdict_text << failure << '\n';
+        write_all(verdict[1], verdict_text.str());
         ::_exit(0);
     }
     ::close(trace[1]);
     ::close(verdict[1]);
     Report report;
     Choices choices(seed);
-    report.config = seed_config(seed, choices, max_steps);
+    report.config = seed_config(seed, choices, max_steps, expect);
     const auto drain = [](int fd) {
         std::string text;
         char buffer[4096];
@@ -2030,14 +2523,21 @@ inline Report run_seed_isolated(std::uint64_t seed, unsigned max_steps = 14) {
         return text;
     };
     report.trace = drain(trace[0]);  // the child closes it when it exits
-    const std::string failures = drain(verdict[0]);
+    const std::string verdict_text = drain(verdict[0]);
     int status = 0;
     while (::waitpid(child, &status, 0) < 0) {
     }
     std::size_t from = 0;
-    for (std::size_t end = failures.find('\n'); end != std::string::npos; end = failures.find('\n', from)) {
-        report.failures.push_back(failures.substr(from, end - from));
+    bool figures = true;
+    for (std::size_t end = verdict_text.find('\n'); end != std::string::npos; end = verdict_text.find('\n', from)) {
+        const std::string line = verdict_text.substr(from, end - from);
         from = end + 1;
+        if (figures) {
+            figures = false;
+            report.tally.read_numbers(line);
+            continue;
+        }
+        report.failures.push_back(line);
     }
     if (WIFSIGNALED(status)) {
         report.failures.insert(report.failures.begin(), "the program crashed with signal " +

@@ -2,9 +2,11 @@
 // libFuzzer target: random sequences of a Stager's operations over MockBackend — binds and
 // finishes, synchronous or on one of several streams; Completion wait / ready / detach / drop;
 // pipeline slots and bind_slot; frames; reserve; detach / adopt; drop, release and abandon —
-// with random arg lists and injected faults (at the call of any backend operation, and when an
-// enqueued copy runs), for each strategy (packing ones included), over the eager mock and the
-// deferred one (enqueued work runs only when the host synchronizes, in an adversarial order).
+// with random arg lists (an In arg may read the bytes of another arg of the same run) and
+// injected faults (at the call of any backend operation — batches of copies, memsets, maps and
+// unmaps included — and when an enqueued copy, memset or batch runs), for each strategy
+// (packing and mapping ones included), with batched copies or without, over the eager mock and
+// the deferred one (enqueued work runs only when the host synchronizes, in an adversarial order).
 // A stand-in kernel, run in stream order as a host function (or before a synchronous finish),
 // computes each run's outputs from all of its inputs.
 //
@@ -17,8 +19,8 @@
 // end the stager runs clean runs again, holds nothing after release(), and once destroyed leaves
 // nothing behind but what abandon forgot.
 //
-// Input: byte 0 picks the strategy, byte 1 the mock and stager set-up, then one operation per
-// byte followed by its operands.
+// Input: byte 0 picks the strategy (bits 0-2) and the mock's batch limit (bits 3-4), byte 1 the
+// mock and stager set-up, then one operation per byte followed by its operands.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -104,12 +106,20 @@ struct Kernel {
         for (std::size_t i = 0; i < device.size(); ++i) {
             if (device[i].bytes == 0 || device[i].direction == Direction::Out) continue;
             data[i].resize(device[i].bytes);
+            if (!mock->is_device(device[i].data, device[i].bytes)) {  // mapped host memory (MapSmall)
+                std::memcpy(data[i].data(), device[i].data, device[i].bytes);
+                continue;
+            }
             Status read = mock->copy_from_device(data[i].data(), device[i].data, device[i].bytes);
             if (!read && status.ok()) status = read;
         }
         compute(data, device, staged, value);
         for (std::size_t i = 0; i < device.size(); ++i) {
             if (!staged[i] || device[i].direction == Direction::In) continue;
+            if (!mock->is_device(device[i].data, device[i].bytes)) {
+                std::memcpy(device[i].data, data[i].data(), data[i].size());
+                continue;
+            }
             Status written = mock->copy_to_device(device[i].data, data[i].data(), data[i].size());
             if (!written && status.ok()) status = written;
         }
@@ -136,13 +146,17 @@ struct Record {
     bool inert = false;      // dropped by release or abandon while live
     bool abandoned = false;  // an abandon came while its results were still on the way
     bool detached = false;
+    bool in_place = false;     // a mapped frame: its kernel writes its tensors where they lie
     bool maybe_bound = false;  // a frame whose bind failed: it may or may not still be bindable
+    // Per arg: the earlier arg of this run whose bytes an In arg reads (it has none of its own).
+    std::vector<std::optional<std::size_t>> alias_of;
 
     std::span<const std::byte> bytes(std::size_t i) const {
         if (frame) {
             const std::span<std::byte> in_frame = frame->host(i);
             return {in_frame.data(), in_frame.size()};
         }
+        if (i < alias_of.size() && alias_of[i]) return host[*alias_of[i]];
         return host[i];
     }
     bool holds(std::size_t i, const std::vector<std::byte>& expected) const {
@@ -176,8 +190,8 @@ public:
     }
     static constexpr bool retained = requires(StagerT & s) { s.detach(std::size_t{0}); };
 
-    Harness(std::uint8_t config, Strategy strategy)
-        : mock(mock_config(config)), slots_(1 + ((config >> 1) & 3) % 3), limited_((config & 0x10) != 0) {
+    Harness(std::uint8_t config, std::size_t batch_limit, Strategy strategy)
+        : mock(mock_config(config, batch_limit)), slots_(1 + ((config >> 1) & 3) % 3), limited_((config & 0x10) != 0) {
         for (MockBackend::Stream& stream : streams) {
             Result<MockBackend::Stream> created = mock.create_stream();
             EXPECT(created.ok());
@@ -199,7 +213,7 @@ public:
         // What the stager held is back with the mock; what abandon forgot and frees the mock
         // refused remain.
         EXPECT(static_cast<std::int64_t>(mock.live_device_allocations()) == expected_device() + kept_device_);
-        EXPECT(mock.live_pinned_allocations() == abandoned_pinned_ + refused_pinned_ + kept_pinned_);
+        EXPECT(mock.live_pinned_allocations() == abandoned_pinned_ + refused_pinned_ + refused_unmaps_ + kept_pinned_);
         EXPECT(mock.live_events() <= refused_events_ + 2 * slots_ * abandons_);
         EXPECT(abandons_ > 0 || mock.live_events() == refused_events_);
         // Destroying the streams runs their pending work (a forgotten run's, too): into memory
@@ -278,7 +292,7 @@ public:
             stager.reset();
             scan_journal();
             kept_device_ = static_cast<std::int64_t>(mock.live_device_allocations()) - expected_device();
-            kept_pinned_ = mock.live_pinned_allocations() - (abandoned_pinned_ + refused_pinned_);
+            kept_pinned_ = mock.live_pinned_allocations() - (abandoned_pinned_ + refused_pinned_ + refused_unmaps_);
             EXPECT(kept_device_ >= 0 && kept_device_ <= held && (unwaited || kept_device_ == 0));
             EXPECT(kept_pinned_ <= mirrors && (unwaited || kept_pinned_ == 0));
             for (const Pending& p : pending) EXPECT(!p.done.pending());
@@ -333,11 +347,12 @@ private:
         bool holds = false;  // a frame's run: its Completion holds the slot until destroyed or detached
     };
 
-    static MockConfig mock_config(std::uint8_t config) {
+    static MockConfig mock_config(std::uint8_t config, std::size_t batch_limit) {
         MockConfig mock{.offset = (config & 0x08) != 0 ? MockBackend::device_alignment : 0,
                         .sink = &fuzz::quiet,
                         .deferred_async = (config & 0x01) != 0,
-                        .not_ready_polls = static_cast<std::uint32_t>((config >> 5) % 4)};
+                        .not_ready_polls = static_cast<std::uint32_t>((config >> 5) % 4),
+                        .batch_copy_limit = batch_limit};
         if ((config & 0x10) != 0) mock.device_capacity = 300000;
         return mock;
     }
@@ -666,10 +681,11 @@ private:
         // changes nothing.
         const bool frames =
             !framed.empty() || std::any_of(pending.begin(), pending.end(), [](const Pending& p) { return p.holds; });
+        const std::size_t live_before = stager->live_runs();
         const Status released = stager->release();
         if (!released) EXPECT(!released.message().empty());
         if (frames) {
-            EXPECT(released.code() == Errc::busy);
+            EXPECT(released.code() == Errc::busy && stager->live_runs() == live_before);
             return;
         }
         released_all(released);
@@ -755,14 +771,35 @@ private:
     }
 
     void arm(Input& in, bool when_run) {
-        static constexpr MockOp at_call[] = {
-            MockOp::device_malloc,    MockOp::device_free,          MockOp::pinned_malloc,
-            MockOp::pinned_free,      MockOp::create_stream,        MockOp::destroy_stream,
-            MockOp::create_event,     MockOp::destroy_event,        MockOp::record_event,
-            MockOp::event_ready,      MockOp::synchronize_event,    MockOp::stream_wait_event,
-            MockOp::launch_host_func, MockOp::copy_to_device_async, MockOp::copy_from_device_async};
-        static constexpr MockOp enqueued[] = {MockOp::copy_to_device_async, MockOp::copy_from_device_async};
-        const MockOp op = when_run ? enqueued[in.byte() % 2] : at_call[in.byte() % std::size(at_call)];
+        static constexpr MockOp at_call[] = {MockOp::device_malloc,
+                                             MockOp::device_free,
+                                             MockOp::pinned_malloc,
+                                             MockOp::pinned_free,
+                                             MockOp::create_stream,
+                                             MockOp::destroy_stream,
+                                             MockOp::create_event,
+                                             MockOp::destroy_event,
+                                             MockOp::record_event,
+                                             MockOp::event_ready,
+                                             MockOp::synchronize_event,
+                                             MockOp::stream_wait_event,
+                                             MockOp::launch_host_func,
+                                             MockOp::copy_to_device_async,
+                                             MockOp::copy_from_device_async,
+                                             MockOp::copy_to_device_batch,
+                                             MockOp::copy_from_device_batch,
+                                             MockOp::device_memset_async,
+                                             MockOp::device_memset,
+                                             MockOp::map_host,
+                                             MockOp::unmap_host,
+                                             MockOp::copy_to_device,
+                                             MockOp::copy_from_device,
+                                             MockOp::synchronize};
+        static constexpr MockOp enqueued[] = {MockOp::copy_to_device_async, MockOp::copy_from_device_async,
+                                              MockOp::copy_to_device_batch, MockOp::copy_from_device_batch,
+                                              MockOp::device_memset_async};
+        const MockOp op =
+            when_run ? enqueued[in.byte() % std::size(enqueued)] : at_call[in.byte() % std::size(at_call)];
         const std::uint64_t k = mock.calls(op) + 1 + in.byte() % 4;
         const Errc code = in.byte() % 2 != 0 ? Errc::out_of_memory : Errc::backend_failure;
         auto& armed = when_run ? run_faults_ : call_faults_;
@@ -914,7 +951,17 @@ private:
                     arg = TensorArg{shared->data, shared->bytes, direction};
                     alias = true;
                 }
+            } else if (kind == 3 && !r.args.empty()) {  // an In over the bytes of an earlier arg
+                const std::size_t j = seed % r.args.size();
+                if (r.staged[j] && !r.alias_of[j]) {
+                    arg = TensorArg{r.args[j].data, r.args[j].bytes, Direction::In};
+                    r.before.back() = r.before[j];
+                    r.host.back().clear();
+                    r.alias_of.resize(r.args.size() + 1);
+                    r.alias_of.back() = j;
+                }
             }
+            r.alias_of.resize(r.args.size() + 1);
             r.args.push_back(arg);
             r.staged.push_back(arg.placement == Placement::Host && arg.bytes > 0 && arg.data != nullptr);
         }
@@ -946,7 +993,10 @@ private:
             if (r.staged[i]) {
                 EXPECT(device[i].placement == Placement::Device && device[i].bytes == r.args[i].bytes);
                 EXPECT(reinterpret_cast<std::uintptr_t>(device[i].data) % Strategy::alignment == 0);
-                EXPECT(mock.is_device(device[i].data, device[i].bytes));
+                // Device memory, or (MapSmall) the slot's mirror mapped for the device.
+                const bool mapped = mapped_mirror(device[i].data, device[i].bytes);
+                EXPECT(mock.is_device(device[i].data, device[i].bytes) || mapped);
+                if (r.frame && mapped) r.in_place = true;
             } else if (uses_mock_memory(r.args[i])) {
                 EXPECT(device[i].data == r.args[i].data);
             } else {
@@ -979,7 +1029,10 @@ private:
         for (std::size_t i = 0; i < r.args.size(); ++i) {
             if (!r.staged[i]) continue;
             if (r.args[i].direction == Direction::In) {
-                EXPECT(r.holds(i, r.before[i]));  // inputs are never written
+                // Inputs are never written (one over another arg's bytes is that arg's).
+                if (i >= r.alias_of.size() || !r.alias_of[i]) EXPECT(r.holds(i, r.before[i]));
+            } else if (!r.execution_ok && r.in_place && r.launched) {
+                continue;  // a mapped frame holds what its kernel wrote in place before it failed
             } else if (result.ok()) {
                 EXPECT(r.holds(i, r.execution_ok ? r.after[i] : r.before[i]));
             } else if (!r.execution_ok) {
@@ -989,6 +1042,20 @@ private:
     }
 
     bool readable(const Record& r) const { return !r.frame || epochs_[r.slot] == r.epoch; }
+
+    // True when [p, p + bytes) lies in a slot's mirror mapped for the device.
+    bool mapped_mirror(const void* p, std::size_t bytes) const {
+        if constexpr (mirrored) {
+            for (std::size_t slot = 0; slot < slots_; ++slot) {
+                const auto* mirror = stager->strategy(slot).mirror();
+                if (mirror == nullptr || stager->strategy(slot).mirror_device() == nullptr) continue;
+                const auto* at = static_cast<const std::byte*>(p);
+                if (at >= mirror && at + bytes <= mirror + stager->strategy(slot).mirror_capacity()) return true;
+            }
+        }
+        (void)p, (void)bytes;
+        return false;
+    }
 
     // The stager holds no frame on `slot` (but `bound`'s own): one whose bind failed was used up.
     void unframed(std::size_t slot, const Record* bound) {
@@ -1131,6 +1198,7 @@ private:
             refused_device_ += call.op == MockOp::device_free;
             refused_pinned_ += call.op == MockOp::pinned_free;
             refused_events_ += call.op == MockOp::destroy_event;
+            refused_unmaps_ += call.op == MockOp::unmap_host;  // the mirror stays allocated
         }
         mock.clear_journal();
     }
@@ -1181,7 +1249,8 @@ private:
         }
         const std::int64_t held = stager_held();
         EXPECT(held >= 0 && held <= explained);
-        EXPECT(mock.live_pinned_allocations() == mirrors_held() + abandoned_pinned_ + refused_pinned_);
+        EXPECT(mock.live_pinned_allocations() ==
+               mirrors_held() + abandoned_pinned_ + refused_pinned_ + refused_unmaps_);
         EXPECT(stager->live_runs() == static_cast<std::size_t>(std::count_if(
                                           live.begin(), live.end(), [](const Live& l) { return l.run.live(); })));
     }
@@ -1210,6 +1279,7 @@ private:
     std::uint64_t refused_device_ = 0;  // device_free calls the mock refused (the stager's and ours)
     std::uint64_t refused_pinned_ = 0;
     std::uint64_t refused_events_ = 0;
+    std::uint64_t refused_unmaps_ = 0;   // mirrors whose unmap failed: they stay allocated
     std::uint64_t harness_refused_ = 0;  // of those, ours
     std::int64_t harness_freed_ = 0;     // detached buffers we freed
     std::int64_t adopted_fresh_ = 0;     // our allocations the stager adopted
@@ -1222,8 +1292,8 @@ private:
 };
 
 template <class Strategy>
-void drive(std::uint8_t config, Input& in, Strategy strategy = {}) {
-    Harness<Strategy> harness(config, std::move(strategy));
+void drive(std::uint8_t config, std::size_t batch_limit, Input& in, Strategy strategy = {}) {
+    Harness<Strategy> harness(config, batch_limit, std::move(strategy));
     for (int steps = 0; !in.empty() && steps < 96; ++steps) harness.step(in);
     harness.end((config & 0x80) != 0);
 }
@@ -1232,26 +1302,34 @@ void drive(std::uint8_t config, Input& in, Strategy strategy = {}) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size < 2) return 0;
     const std::uint8_t config = data[1];
+    static constexpr std::size_t batch_limits[] = {0, 2, 3, 64};
+    const std::size_t batches = batch_limits[(data[0] >> 3) & 3];
     Input in(data + 2, size - 2);
-    switch (data[0] % 6) {
+    switch (data[0] % 8) {
         case 0:
-            drive<RetainedBump<>>(config, in);
+            drive<RetainedBump<>>(config, batches, in);
             break;
         case 1:
-            drive<RetainedBump<GeometricGrowth<3, 2>>>(config, in,
+            drive<RetainedBump<GeometricGrowth<3, 2>>>(config, batches, in,
                                                        RetainedBump<GeometricGrowth<3, 2>>({}, GrowOrder::free_first));
             break;
         case 2:
-            drive<PerTensorMalloc<>>(config, in);
+            drive<PerTensorMalloc<>>(config, batches, in);
             break;
         case 3:
-            drive<RetainedBump<ExactGrowth, 1024, PackSmall<1024>>>(config, in);
+            drive<RetainedBump<ExactGrowth, 1024, PackSmall<1024>>>(config, batches, in);
             break;
         case 4:
-            drive<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(config, in);
+            drive<RetainedBump<ExactGrowth, 1024, PackSmall<>>>(config, batches, in);
+            break;
+        case 5:
+            drive<RetainedBump<GranularGrowth<4096>, 64, PackSmall<4096>>>(config, batches, in);
+            break;
+        case 6:
+            drive<RetainedBump<ExactGrowth, 1024, MapSmall<1024>>>(config, batches, in);
             break;
         default:
-            drive<RetainedBump<GranularGrowth<4096>, 64, PackSmall<4096>>>(config, in);
+            drive<RetainedBump<GeometricGrowth<3, 2>, 64, MapSmall<4096>>>(config, batches, in);
             break;
     }
     return 0;
