@@ -1238,26 +1238,7 @@ private:
             (op == FaultOp::record_event || op == FaultOp::stream_wait_event)) {
             return false;
         }
-        if ((config_.expect & expect_dropped_free_reported) == 0) {
-            const bool grows =
-                kind == Call::bind || kind == Call::bind_frame || kind == Call::frame || kind == Call::reserve;
-            if (grows && may_misalign() && op == FaultOp::pinned_free && stats().mirror_alignment_retries == 0) {
-                return false;
-            }
-        }
         return true;
-    }
-
-    // True when the backend's memory may come back misaligned for the slices (alignment 256):
-    // the mock with an offset, the slow backend (64-aligned).
-    bool may_misalign() const noexcept {
-        if constexpr (std::is_same_v<Base, SlowBackend>) {
-            return true;
-        } else if constexpr (std::is_same_v<Base, devstage::SimBackend>) {
-            return false;
-        } else {
-            return config_.mock_offset % alignment != 0;
-        }
     }
 
     // ---- the steps' memory ------------------------------------------------------------------
