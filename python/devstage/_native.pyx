@@ -267,8 +267,13 @@ def completion_wait(completion):
 
 
 def completion_ready(completion):
+    # Without the GIL, as every call that may wait on a stream: a Python host function queued
+    # there needs it to run.
+    cdef void* c = p(completion)
     cdef int ready = 0
-    cdef int status = c_completion_ready(p(completion), &ready)
+    cdef int status
+    with nogil:
+        status = c_completion_ready(c, &ready)
     if status:
         raise error_of(status, None)
     return ready != 0

@@ -659,3 +659,23 @@ def test_a_run_in_flight_keeps_its_slot_held_for_the_engine(sim, calls):  # pyli
         stream.close()
         stager.close()
     assert outcomes == ["busy"] * 5, outcomes
+
+
+def test_a_completion_queried_beside_a_python_host_function_does_not_hang():
+    # A program whose Completion.ready() came while a Python host function was queued on the
+    # simulator stream it asked about: the compiled call held the interpreter while the C call
+    # waited for the stream, which waited for the interpreter. In a child, so that a hang fails
+    # the test instead of stopping the suite.
+    if devstage._calls.native is None:  # pylint: disable=protected-access
+        pytest.skip("the compiled calls are not built here; ctypes lets the interpreter go in every call")
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    code = ("import sys; sys.path.insert(0, {here!r}); import devstage, test_random_handles as t; "
+            "devstage._calls.select('native'); t.Program(devstage.sim, 5 * 7919 + 1, 'sim').run(70); print('done')"
+            ).format(here=os.path.dirname(os.path.abspath(__file__)))
+    try:
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                               check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the program hung (it ends in about a second)")
+    assert child.returncode == 0 and child.stdout.strip().endswith("done"), child.stdout + child.stderr
