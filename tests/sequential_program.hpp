@@ -704,9 +704,8 @@ public:
     /// unbound or held by its run's Completion.
     void release() {
         if (!running()) return;
-        const bool frames_held = std::any_of(steps_.begin(), steps_.end(), [](const Step& s) {
-            return frame_holds_slot(s);
-        });
+        const bool frames_held =
+            std::any_of(steps_.begin(), steps_.end(), [](const Step& s) { return frame_holds_slot(s); });
         wait_for_foreign_kernels();
         log() << "release";
         Faulted<Status> released = faulted(Call::release, true, [&] { return stager_->release(); });

@@ -375,7 +375,8 @@ TEST_CASE("frame: reserve is busy while a frame is unbound, since it would move 
     std::byte* const mirror = stager.strategy().mirror();
     const Status reserved = stager.reserve(std::size_t{1} << 22);
     CHECK(reserved.code() == Errc::busy);
-    CHECK_THAT(reserved.message(), Catch::Contains("reserve") && Catch::Contains("1 unbound frame (bind it, or destroy the HostFrame)"));
+    CHECK_THAT(reserved.message(),
+               Catch::Contains("reserve") && Catch::Contains("1 unbound frame (bind it, or destroy the HostFrame)"));
     CHECK(stager.strategy().mirror() == mirror);  // the frame's memory is where it was
     auto run = stager.bind(*frame);
     REQUIRE(run.ok());

@@ -672,8 +672,7 @@ TEST_CASE("a fault at any operation of any stager call: clean failures, exact re
 
 // ---- failures of the contract found by the random programs, as fixed programs --------------------
 
-TEST_CASE("a finish that fails at the call and cannot wait never delivers over the engine's memory",
-          "[sequential]") {
+TEST_CASE("a finish that fails at the call and cannot wait never delivers over the engine's memory", "[sequential]") {
     // finish: record_event fails, and so does every wait; finish returns the record's failure
     // (the wait's goes to the error sink). The engine owns b0 again and writes it; the packed
     // output must not be unpacked over it later (release() settles the slot).

@@ -567,7 +567,7 @@ class Stager:
         try:
             return _regions.list_regions(lib.devstage_stager_regions, self._h, "Stager.regions")
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def set_region_hooks(self, added: Any = None, removing: Any = None) -> None:
         """The callables an engine registers the stager's regions with (docs/staging.md): `added`
@@ -580,7 +580,7 @@ class Stager:
             self._core.hooks.set(lib.devstage_stager_set_region_hooks, self._h, added, removing,
                                  "Stager.set_region_hooks")
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     def describe(self, array_or_pointer: Any) -> Any:
         """The slice (devstage.regions.RegionSlice) an address or a tensor lies in — a frame's
@@ -589,7 +589,7 @@ class Stager:
         try:
             return _regions.describe(lib.devstage_stager_describe, self._h, array_or_pointer, "Stager.describe")
         finally:
-            self._lock.release()
+            self._guard.leave()
 
     @property
     def stats(self) -> Dict[str, int]:

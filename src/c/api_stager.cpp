@@ -411,9 +411,9 @@ devstage_status devstage_frame_host(const devstage_frame* frame, size_t i, void*
         *data = nullptr;
         *bytes = 0;
         if (i >= f->tensors) {
-            return report(Status(Errc::invalid_argument,
-                                 devstage::detail::message("devstage_frame_host: tensor ", i, " of a frame of ",
-                                                           f->tensors, " tensors")));
+            return report(
+                Status(Errc::invalid_argument, devstage::detail::message("devstage_frame_host: tensor ", i,
+                                                                         " of a frame of ", f->tensors, " tensors")));
         }
         if (find<StagerState>(handle_from<devstage_stager*>(f->stager)) == nullptr) {
             return report(Status(Errc::invalid_argument,

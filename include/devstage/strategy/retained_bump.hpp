@@ -255,8 +255,8 @@ private:
         if (!grown) {
             ++stats.grow_failures;
             const Status& cause = grown.status();
-            return Status(cause.code(),
-                          detail::message(cause.message(), " (the slot held ", held, " bytes; the run needs ", required, ")"));
+            return Status(cause.code(), detail::message(cause.message(), " (the slot held ", held,
+                                                        " bytes; the run needs ", required, ")"));
         }
         if (slot_.allocation != nullptr) {
             // The new buffer stands whatever the free of the old one reports: a failed free is
