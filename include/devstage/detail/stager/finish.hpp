@@ -63,13 +63,12 @@ public:
         if (backs.packed > 0) {
             const RunMemory memory = slot.memory();
             Moved moved;
-            if (mapped_run(slot.run, memory)) {
-                deliver = true;  // the kernel wrote them in the mapped mirror: no copy
-            } else if (Status back = packed_copy_back(core_.async(), slot.run, memory, stream, moved); !back) {
-                if (first.ok()) first = back;
-            } else {
-                deliver = true;
-            }
+            // Mapped, the kernel wrote them in the mirror: no copy.
+            Status back = mapped_run(slot.run, memory)
+                              ? Status()
+                              : packed_copy_back(core_.async(), slot.run, memory, stream, moved);
+            deliver = back.ok();
+            if (!back && first.ok()) first = std::move(back);
             backs.bytes += moved.bytes;
             backs.calls += moved.calls;
         }
