@@ -210,6 +210,33 @@ TEST_CASE("growth: a free that fails while a grow replaces the old buffer is cou
     REQUIRE(stager.finish(std::move(*grown)).ok());
 }
 
+TEST_CASE("growth: a grow whose misaligned try cannot be freed fails with that failure; the slot keeps what it held",
+          "[growth][alignment][transactional]") {
+    // The adversarial mock misaligns every exact try; giving one back fails once. The grow policy
+    // targets more than the plan, so a fallback to the plan's bytes could have hidden the failure.
+    MockBackend mock(MockConfig{.offset = 64, .sink = &test::quiet_sink});  // the refused free leaks
+    Stager<MockBackend, RetainedBump<GranularGrowth<8192>>> stager(mock);
+    std::vector<std::byte> host(8192);
+    const TensorArg args[] = {{host.data(), 1000, Direction::In}};
+    mock.fail_call(MockOp::device_free, 1, Errc::backend_failure);
+    auto refused = stager.bind(args);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.status().code() == Errc::backend_failure);
+    CHECK_THAT(refused.status().message(),
+               Catch::Contains("freeing a misaligned allocation") && Catch::Contains("injected"));
+    CHECK(stager.stats().free_failures == 1);
+    CHECK(stager.stats().grow_failures == 1);
+    CHECK(stager.stats().device_mallocs == 1);  // no fallback after the failed free
+    CHECK(stager.strategy().capacity() == 0);
+    auto run = stager.bind(args);  // the next bind asks with the slack at once
+    REQUIRE(run.ok());
+    CHECK(stager.stats().device_mallocs == 2);
+    CHECK(reinterpret_cast<std::uintptr_t>(run->device_args()[0].data) % 1024 == 0);
+    REQUIRE(stager.finish(std::move(*run)).ok());
+    REQUIRE(stager.release().ok());
+    CHECK(mock.misuses() == 0);
+}
+
 TEST_CASE("growth: GrowOrder::free_first frees the old buffer before allocating", "[growth][order]") {
     MockBackend mock;
     using FreeFirst = RetainedBump<ExactGrowth>;

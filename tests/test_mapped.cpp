@@ -344,13 +344,17 @@ TEST_CASE(
     std::vector<std::uint8_t> host(40000, 1);
     const TensorArg small[] = {{host.data(), 100, Direction::In}};
     const TensorArg larger[] = {{host.data(), 10000, Direction::In}};
+    std::vector<const void*> addresses;
     for (const auto* args : {small, larger}) {
         auto run = stager.bind(std::span<const TensorArg>(args, 1));
         REQUIRE(run.ok());
+        addresses.push_back(run->device_args()[0].data);
         REQUIRE(stager.finish(std::move(*run)).ok());
     }
     CHECK(stager.stats().host_maps == 2);
-    CHECK(stager.stats().address_changes == 1);  // the mirror's device address moved once
+    // The mock maps a mirror at its host address: the new mirror may land where the old one was
+    // freed, and then the device address did not move.
+    CHECK(stager.stats().address_changes == (addresses[0] != addresses[1] ? 1U : 0U));
     CHECK(stager.stats().device_mallocs == 0);
     REQUIRE(stager.release().ok());
     // Each mirror: map, then unmap before its free.

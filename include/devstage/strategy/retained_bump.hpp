@@ -241,11 +241,12 @@ private:
         const bool had = slot_.allocation != nullptr;
         Result<detail::AlignedAllocation> grown = Status(Errc::out_of_memory, "retained buffer grow: not attempted");
         std::size_t size = *target;
+        const std::uint64_t free_failures = stats.free_failures;
         if (order_ == GrowOrder::allocate_first || !had || keep) {
             grown = allocate(backend, *target, need, stats, size);
             if (grown && had) ++stats.grows_allocate_first;
         }
-        if (!grown && had && !keep) {
+        if (!grown && had && !keep && stats.free_failures == free_failures) {
             // Memory is short (or free_first asked): free the old buffer first, then retry.
             if (Status settled = queue.settle(); !settled) queue.report(settled);
             if (Status freed = give_back(queue, stats); !freed) queue.report(freed);
@@ -276,10 +277,13 @@ private:
                                                StagerStats& stats, std::size_t& size) noexcept {
         const std::size_t required = need.device_bytes;
         const std::uint64_t retries = stats.alignment_retries;
+        const std::uint64_t free_failures = stats.free_failures;
         Result<detail::AlignedAllocation> grown = detail::allocate_exact_first<Alignment>(
             backend, target, "retained buffer grow", stats, need.device_slack_first);
         size = target;
-        if (!grown && target > required) {
+        // A misaligned try whose free failed: the grow fails with that failure (no fallback
+        // may hide it), the slot keeps what it held.
+        if (!grown && target > required && stats.free_failures == free_failures) {
             // A misaligned try just now: the fallback asks with the slack at once too.
             const bool slack_first = need.device_slack_first || stats.alignment_retries != retries;
             grown =

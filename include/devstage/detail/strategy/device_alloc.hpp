@@ -41,11 +41,16 @@ Result<AlignedAllocation> allocate_aligned(B& backend, std::size_t usable, std::
     }
     ++stats.device_mallocs;
     if (*pointer == nullptr || !is_aligned(*pointer, B::device_alignment)) {
-        const std::string refused =
+        std::string refused =
             message(what, ": backend '", backend.name(), "' returned ", static_cast<const void*>(*pointer), " for ",
                     *total, " bytes, not aligned to its device_alignment ", B::device_alignment);
-        ++stats.device_frees;
-        (void)backend.device_free(*pointer);
+        if (*pointer != nullptr) {
+            ++stats.device_frees;
+            if (Status freed = backend.device_free(*pointer); !freed) {
+                ++stats.free_failures;
+                refused += message("; freeing it failed too: ", freed.message());
+            }
+        }
         return Status(Errc::backend_failure, refused);
     }
     return AlignedAllocation{*pointer, align_pointer(*pointer, Alignment), *total};
