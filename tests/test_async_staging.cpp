@@ -136,6 +136,35 @@ TEST_CASE("async stager: a copy that fails while it runs is reported by wait(), 
     }
 }
 
+// wait() reports the run's own enqueued work (docs/async.md); a kernel's failure that the stream
+// never sees is the caller's to check (docs/staging.md). The copy-backs still deliver exactly
+// what the device holds: an InOut arg the kernel did not write comes back as uploaded, an Out
+// arg as zeroed.
+TEST_CASE("async stager: a kernel that fails unseen by the stream leaves wait() ok with the device's bytes delivered",
+          "[async][stager][faults]") {
+    MockBackend mock(MockConfig{.sink = &test::quiet_sink, .deferred_async = true});
+    const auto stream = test::make_stream(mock);
+    Stager<MockBackend> stager(mock);
+    test::HostRun host;
+    host.add(3000, Direction::In, 71);
+    host.add(100, Direction::InOut, 72);
+    host.add(200, Direction::Out, 73);
+    const auto before = host.buffers;
+    // The kernel's first device write (the InOut arg's) fails: it returns before writing the Out arg.
+    mock.fail_call(MockOp::copy_to_device, mock.calls(MockOp::copy_to_device) + 1);
+    Kernel<MockBackend> kernel;
+    Result<Completion> done = stream_run(stager, mock, host, kernel, stream, stream);
+    REQUIRE(done.ok());
+    CHECK(done->wait().ok());
+    CHECK(kernel.status.code() == Errc::backend_failure);
+    CHECK(host.buffers[0] == before[0]);
+    CHECK(host.buffers[1] == before[1]);
+    CHECK(host.buffers[2] == std::vector<std::byte>(200, std::byte{0}));
+    CHECK(mock.misuses() == 0);
+    REQUIRE(stager.release().ok());
+    REQUIRE(mock.destroy_stream(stream).ok());
+}
+
 TEMPLATE_TEST_CASE("async stager: failing the k-th call of any operation of a stream-ordered run leaks nothing",
                    "[async][stager][faults]", RetainedBump<>, PerTensorMalloc<>, Packed) {
     const bool deferred = GENERATE(false, true);
