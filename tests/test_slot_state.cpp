@@ -88,6 +88,27 @@ TEST_CASE("slot state: a failed finish drops its outputs, and only a finish deli
     }
 }
 
+TEST_CASE("slot state: the event of a finish, for every outcome", "[slot_state]") {
+    using devstage::detail::finish_event;
+    // failed, frame, delivers: the event, and the state a live slot goes to.
+    const std::tuple<bool, bool, bool, E, S> rows[] = {
+        {false, false, false, E::finish, S::idle},
+        {false, false, true, E::finish_delivering, S::delivering},
+        {false, true, false, E::finish_frame, S::held},
+        {false, true, true, E::finish_frame, S::held},  // a frame's packed outputs are in place
+        {true, false, false, E::finish_failed, S::idle},
+        {true, false, true, E::finish_failed, S::idle},  // the outputs are dropped
+        {true, true, false, E::finish_failed, S::idle},
+        {true, true, true, E::finish_failed, S::idle},
+    };
+    for (const auto& [failed, frame, delivers, event, state] : rows) {
+        CAPTURE(failed, frame, delivers);
+        CHECK(finish_event(failed, frame, delivers) == event);
+        CHECK(next_state(S::live, event) == state);
+        CHECK(next_state(S::uploading, event) == state);
+    }
+}
+
 TEST_CASE("slot state: only a bound slot finishes; a taken slot takes no bind or frame", "[slot_state]") {
     for (std::size_t s = 0; s < slot_state_count; ++s) {
         const auto from = static_cast<S>(s);

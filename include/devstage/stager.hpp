@@ -10,7 +10,6 @@
 #include "devstage/detail/util/cxx20.hpp"  // an older standard stops here with one error
 #if DEVSTAGE_CXX20
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -68,7 +67,10 @@ public:
     /// cannot honour (too many slots, packing without a mirror or pinned memory, a growth rule
     /// the strategy does not take) or host memory short for the slots leave a stager with no
     /// slot whose every call returns why (status() tells at once).
-    explicit Stager(B& backend, Strategy strategy = {}, StagerOptions options = {}) noexcept;
+    explicit Stager(B& backend, Strategy strategy = {}, StagerOptions options = {}) noexcept : core_(backend) {
+        core_.completions = this;
+        core_.configure(options, std::move(strategy), max_pipeline_slots);
+    }
     /// `Stager(backend, strategy, slots)`: StagerOptions{.pipeline_slots = slots}.
     Stager(B& backend, Strategy strategy, std::size_t pipeline_slots) noexcept
         : Stager(backend, std::move(strategy), StagerOptions{.pipeline_slots = pipeline_slots}) {}
@@ -120,7 +122,18 @@ public:
     /// The kernel must have completed. A run of another stager, or no longer live, is
     /// invalid_argument and left untouched. Without the stager's own stream (its creation
     /// failed) the run ends without copy-backs and that failure is returned.
-    Status finish(StagedRun&& run, const Status& execution = {}) noexcept;
+    Status finish(StagedRun&& run, const Status& execution = {}) noexcept {
+        if (Status valid = check_run(run); !valid) return valid;
+        Result<Stream> stream = core_.synchronous_stream();
+        if (!stream) {  // the run ends, without copy-backs
+            const std::size_t index = RunOwner::slot_of(run);
+            if (Status ended = end_live_run(index); !ended) core_.sink(ended);
+            settler().settle(index);
+            return stream.status();
+        }
+        Result<Completion> done = finish(std::move(run), *stream, execution);
+        return done ? done->wait() : done.status();
+    }
 
     /// Enqueues the run's copy-backs on `stream` (after the work the caller enqueued there: its
     /// kernel), records the slot's event and returns the run's Completion; Out/InOut host data
@@ -159,17 +172,15 @@ public:
 
     /// Takes ownership of a device buffer allocated elsewhere as slot `slot`'s retained buffer
     /// (an empty slot with no run; a later grow or release frees it).
-    Status adopt(std::size_t slot, void* allocation, std::size_t bytes) noexcept requires
-        requires(Strategy& s, B& b, void* p, std::size_t n, StagerStats& st) {
-        s.adopt(b, p, n, st);
+    Status adopt(std::size_t slot, void* allocation,
+                 std::size_t bytes) noexcept requires strategy_requires::adopt<Strategy, B> {
+        return detail::Releaser<B, Strategy>(core_).adopt(slot, allocation, bytes);
     }
-    { return detail::Releaser<B, Strategy>(core_).adopt(slot, allocation, bytes); }
     /// Hands slot `slot`'s retained buffer to the caller without freeing it (after waiting for
     /// pending work that uses it); the slot is empty afterwards.
-    Result<RetainedBuffer> detach(std::size_t slot) noexcept requires requires(Strategy& s, StagerStats& st) {
-        s.detach(st);
+    Result<RetainedBuffer> detach(std::size_t slot) noexcept requires strategy_requires::detach<Strategy> {
+        return detail::Releaser<B, Strategy>(core_).detach(slot);
     }
-    { return detail::Releaser<B, Strategy>(core_).detach(slot); }
 
     /// Gives back all device memory now, after pending work: ends live runs (no copy-back, the
     /// handles inert), frees every buffer and mirror; frames become inert. Busy, naming the
@@ -208,39 +219,23 @@ public:
                              HostCopyPool* pool = nullptr) noexcept requires PinnedHostBackend<B> {
         return detail::Releaser<B, Strategy>(core_).set_ring(ring, pool);
     }
-
     /// Stops staging through the ring and frees it once its copies completed (chunks whose
     /// copies cannot be waited for are kept, the failure returned).
     Status clear_pageable_ring() noexcept requires PinnedHostBackend<B> {
         return detail::Releaser<B, Strategy>(core_).clear_ring();
     }
 
-    // ---- regions for transfer engines ----------------------------------------------------
+    // ---- regions for transfer engines (each call's rules: docs/staging.md) ---------------
 
-    /// The stager's regions (docs/transfer_engines.md): each slot's retained device buffer
-    /// (RegionKind::device, `device` the backend's device id where it tells one, else -1; a
-    /// RetainedVmm reservation as far as it is mapped) and its pinned mirror
-    /// (RegionKind::pinned_host), as they are now. A strategy that allocates per tensor has none.
+    /// Each slot's retained device buffer (RegionKind::device) and pinned mirror, as they are now.
     std::vector<PinnedRegion> regions() const { return detail::RegionBook::list(core_.slots); }
-
-    /// The hooks an engine registers the regions with. `added` runs at once for every region
-    /// listed now, then for each buffer or mirror a grow, reserve, frame or adopt makes, before
-    /// anything is staged in it; `removing` runs before a region is freed, moved or grown by a
-    /// grow (also when the free itself waits for pending work), released, detached, forgotten by
-    /// abandon() (its memory may be gone already: deregister only) or left by the destructor.
-    /// A region whose memory did not change at a grow may be removed and added again, as a new
-    /// region. An `added` that fails for a new region fails the call that made it: the memory
-    /// stays with the slot, listed by no region, and the next grow lists it again. An `added`
-    /// that fails here runs the new `removing` for the regions it accepted, keeps the old hooks
-    /// and returns the failure; else the old `removing` runs for every region and the new hooks
-    /// take over. Hooks run in the thread driving the stager and must not call it.
+    /// `added` for every region listed now and each one made later, before anything is staged
+    /// in it; `removing` before one is freed, moved, released, detached, forgotten or left by the
+    /// destructor. Hooks run in the thread driving the stager and must not call it.
     Status set_region_hooks(RegionHooks hooks) noexcept {
         return core_.regions.set_hooks(core_.slots, std::move(hooks));
     }
-
-    /// The slice `pointer` lies in: a region's id, the offset there and the bytes to the end of
-    /// the region — any pointer into a listed buffer or mirror (a frame's host(i), a run's device
-    /// args, the mapped mirror's device address); nullopt for any other pointer.
+    /// The slice of a region `pointer` lies in (a frame's host(i), a run's device args); else nullopt.
     std::optional<RegionSlice> describe(const void* pointer) const noexcept {
         return detail::RegionBook::describe(core_.slots, pointer);
     }
@@ -312,13 +307,7 @@ private:
     Core core_;
 };
 
-// ---- construction and destruction ------------------------------------------------------------
-
-template <Backend B, class Strategy>  // the options checked and taken, the slots made
-Stager<B, Strategy>::Stager(B& backend, Strategy strategy, StagerOptions options) noexcept : core_(backend) {
-    core_.completions = this;
-    core_.configure(options, std::move(strategy), max_pipeline_slots);
-}
+// ---- destruction -----------------------------------------------------------------------------
 
 template <Backend B, class Strategy>
 Stager<B, Strategy>::~Stager() {
@@ -366,34 +355,11 @@ Result<StagedRun> Stager<B, Strategy>::bind_on(Choice choice, std::span<const Te
         slot.run.lease_count = 0;  // nothing of it is held: the leases describe no run
         return staged;             // a frame stays unbound, to bind again
     }
-    slot.go(frame ? detail::SlotEvent::bind_frame : detail::SlotEvent::bind);
-    if (!enqueued || detail::streams_immediate(core_.async())) slot.go(detail::SlotEvent::uploads_done);
-    if (core_.map_small && slot.mapped()) ++core_.stats.mapped_runs;
-    slot.bind_stream = stream;
-    slot.kernel_stream_count = 0;
-    slot.bound_at = ++core_.ticks;
-    ++core_.stats.runs;
-    core_.stats.high_water_bytes =
-        std::max<std::uint64_t>(core_.stats.high_water_bytes, slot.run.layout.required_bytes);
+    binder.went_live(index, stream, frame, enqueued);
     return RunOwner::make_run(index, {slot.run.device_args.data(), args.size()}, slot.run.leases());
 }
 
 // ---- finish ----------------------------------------------------------------------------------
-
-template <Backend B, class Strategy>
-Status Stager<B, Strategy>::finish(StagedRun&& run, const Status& execution) noexcept {
-    if (Status valid = check_run(run); !valid) return valid;
-    Result<Stream> stream = core_.synchronous_stream();
-    if (!stream) {  // the run ends, without copy-backs
-        const std::size_t index = RunOwner::slot_of(run);
-        if (Status ended = end_live_run(index); !ended) core_.sink(ended);
-        settler().settle(index);
-        return stream.status();
-    }
-    Result<Completion> done = finish(std::move(run), *stream, execution);
-    if (!done) return done.status();
-    return done->wait();
-}
 
 // The run lifecycle's second half: ordered after the bind (and its kernels' streams), the
 // copy-backs enqueued, the slot's event recorded, then the slot's next state — a failed
@@ -412,10 +378,7 @@ Result<Completion> Stager<B, Strategy>::finish(StagedRun&& run, Stream stream, c
     if (Status recorded = slot.fence.record(core_.async(), fenced); !recorded && first.ok()) first = recorded;
     ++slot.generation;
     const bool frame = slot.run.frame();
-    slot.go(!first.ok() ? detail::SlotEvent::finish_failed
-            : frame     ? detail::SlotEvent::finish_frame
-            : deliver   ? detail::SlotEvent::finish_delivering
-                        : detail::SlotEvent::finish);
+    slot.go(detail::finish_event(!first.ok(), frame, deliver));
     Completion completion;
     if (first.ok()) {
         link(completion, index, slot.generation, frame);  // a frame's run holds the frame

@@ -155,6 +155,19 @@ concept grow_order = requires(S& s, GrowOrder order) {
     noexcept;
 };
 
+/// `s.adopt(backend, allocation, bytes, stats)`: takes a device buffer allocated elsewhere as
+/// the retained buffer (Stager::adopt).
+template <class S, class B>
+concept adopt = requires(S& s, B& b, void* p, std::size_t n, StagerStats& stats) {
+    s.adopt(b, p, n, stats);
+};
+
+/// `s.detach(stats)`: hands the retained buffer out without freeing it (Stager::detach).
+template <class S>
+concept detach = requires(S& s, StagerStats& stats) {
+    s.detach(stats);
+};
+
 }  // namespace strategy_requires
 
 /// A temporary-buffer strategy the Stager can stage runs of backend B through.

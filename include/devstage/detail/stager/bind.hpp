@@ -6,7 +6,9 @@
 // taken, the uploads enqueued and the Out args zeroed; on failure everything taken is given
 // back. Also the slot's growth itself (binds, frames, reserve).
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 
@@ -65,6 +67,21 @@ public:
             }
         }
         return {};
+    }
+
+    /// Slot `index`'s run, staged on `stream`, is bound: uploading while enqueued uploads are
+    /// pending (live at once without), counted, and the slot last used now.
+    void went_live(std::size_t index, Stream stream, bool frame, bool enqueued) noexcept {
+        Slot& slot = core_.slots[index];
+        slot.go(frame ? SlotEvent::bind_frame : SlotEvent::bind);
+        if (!enqueued || streams_immediate(core_.async())) slot.go(SlotEvent::uploads_done);
+        if (core_.map_small && slot.mapped()) ++core_.stats.mapped_runs;
+        slot.bind_stream = stream;
+        slot.kernel_stream_count = 0;
+        slot.bound_at = ++core_.ticks;
+        ++core_.stats.runs;
+        core_.stats.high_water_bytes =
+            std::max<std::uint64_t>(core_.stats.high_water_bytes, slot.run.layout.required_bytes);
     }
 
     /// After a synchronous bind on slot `index`: the host waits for its uploads on `stream`.

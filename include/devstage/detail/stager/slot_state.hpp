@@ -83,6 +83,14 @@ constexpr std::optional<SlotState> next_state(SlotState state, SlotEvent event) 
     return static_cast<SlotState>(next);
 }
 
+/// The event a finish is: a failure at the call drops the outputs, whatever the run was; a
+/// frame's run holds its frame; a run with packed outputs to copy out is delivering.
+constexpr SlotEvent finish_event(bool failed, bool frame, bool delivers) noexcept {
+    if (failed) return SlotEvent::finish_failed;
+    if (frame) return SlotEvent::finish_frame;
+    return delivers ? SlotEvent::finish_delivering : SlotEvent::finish;
+}
+
 /// A run is bound on the slot (uploading or live).
 constexpr bool bound(SlotState state) noexcept {
     return state == SlotState::uploading || state == SlotState::live;
