@@ -8,7 +8,7 @@
 // (prints its configuration and trace). DEVSTAGE_SEQ_PROGRAMS=<n> changes how many programs
 // the random case runs (DEVSTAGE_SEQ_FIRST=<seed> where they start). DEVSTAGE_SEQ_EXPECT=all
 // (or names, sequential_config.hpp) turns on what the library does not give yet: the random
-// programs then also run what needs it, and the programs of "[known]" show each one.
+// programs then also run what needs it.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -734,11 +734,6 @@ TEST_CASE("release() is refused while a frame is unbound or held", "[sequential]
     })));
 }
 
-// ---- what the library does not give yet ----------------------------------------------------------
-// Each program below fails on the library as it is (the suite leaves them out: "[.known]");
-// each passes once the behaviour its name states is there. The random programs find the same
-// with DEVSTAGE_SEQ_EXPECT (sequential_config.hpp).
-
 TEST_CASE("a failed free of a misaligned mirror asked again with the slack is returned", "[sequential][faults]") {
     using B = devstage::MockBackend;
     using S = Packed;
@@ -750,24 +745,28 @@ TEST_CASE("a failed free of a misaligned mirror asked again with the slack is re
     })));
 }
 
-TEST_CASE("known: a live run's kernel stream is waited for after ordering after it failed", "[.known][known]") {
+TEST_CASE("a live run's kernel stream is waited for after ordering after it failed", "[sequential][faults]") {
     // SlowBackend has no synchronize(): release() cannot order after the run's kernel stream
-    // (record_event fails), and the stager must not free the slot's memory under that kernel.
+    // (record_event fails, once or every time), and the stager must not free the slot's memory
+    // under that kernel: the settle that frees it waits for the stream on the host first, or
+    // keeps the memory while that wait fails too.
     using B = SlowBackend;
     using S = Bump;
-    Config config = config_of<B, S>(1, 2);
-    config.expect = expect_kernel_streams_kept;
-    CHECK_REPORT((scripted<B, S>(config, {64, 64}, [](Runner<B, S>& r) {
-        const int first = full_step(r, plain({host_arg(1, 64, Direction::In)}));
-        if (first >= 0) r.end(first, End::wait);
-        StepSpec spec = plain({host_arg(0, 64, Direction::InOut)}, 1, 0);
-        spec.kernel_on_finish = true;  // an odd step: order_after_uploads onto stream 0
-        const int live = r.begin_step(spec);
-        REQUIRE(live == 1);
-        r.kernel(live);
-        r.fault_next(fails(FaultOp::record_event));
-        r.release();
-    })));
+    for (const bool persistent : {false, true}) {
+        CAPTURE(persistent);
+        const Config config = config_of<B, S>(1, 2);
+        CHECK_REPORT((scripted<B, S>(config, {64, 64}, [&](Runner<B, S>& r) {
+            const int first = full_step(r, plain({host_arg(1, 64, Direction::In)}));
+            if (first >= 0) r.end(first, End::wait);
+            StepSpec spec = plain({host_arg(0, 64, Direction::InOut)}, 1, 0);
+            spec.kernel_on_finish = true;  // an odd step: order_after_uploads onto stream 0
+            const int live = r.begin_step(spec);
+            REQUIRE(live == 1);
+            r.kernel(live);
+            r.fault_next(fails(FaultOp::record_event, 1, persistent));
+            r.release();
+        })));
+    }
 }
 
 // ---- the checker's own parts -----------------------------------------------------------------------

@@ -48,6 +48,9 @@ public:
                 prepared.code(),
                 core_.with_backend(message("stager bind: creating the slot's events failed: ", prepared.message())));
         }
+        if (Status drained = settler().drain_kernel_streams(index); !drained) {
+            return Status(drained.code(), core_.with_backend(message("stager bind: ", drained.message())));
+        }
         if (Core::mirrored && host_writes_mirror) {
             if (Status settled = Hazards<B, Strategy>(core_).settle_mirror_users(index, "bind"); !settled) {
                 return settled;

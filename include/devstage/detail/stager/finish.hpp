@@ -151,9 +151,10 @@ public:
 private:
     // Makes `stream` wait for what is enqueued so far on the streams order_after_uploads ordered
     // after the live run of slot `index` (its kernels may run there), and forgets them. A stream
-    // whose wait cannot be enqueued stays known (a later call orders after it again), unless the
-    // host then waits for the whole device where the backend can: nothing is freed or reused
-    // under a kernel. The failure is returned either way.
+    // whose wait cannot be enqueued stays known (a later call orders after it again; once the
+    // run ended, settling the slot waits for it on the host first), unless the host then waits
+    // for the whole device where the backend can: nothing is freed or reused under a kernel. The
+    // failure is returned either way.
     Status join_kernel_streams(std::size_t index, Stream stream) noexcept {
         Slot& slot = core_.slots[index];
         Status first;

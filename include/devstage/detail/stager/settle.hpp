@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "devstage/backend.hpp"
 #include "devstage/detail/stager/core.hpp"
 #include "devstage/detail/transfer/packed.hpp"
 #include "devstage/detail/util/message.hpp"
@@ -43,6 +44,9 @@ public:
     /// is then still in use and nothing of it is settled.
     Status settle_fully(std::size_t index, const char* what) noexcept {
         Slot& slot = core_.slots[index];
+        if (Status drained = drain_kernel_streams(index); !drained) {
+            return Status(drained.code(), core_.with_backend(message("stager ", what, ": ", drained.message())));
+        }
         if (Status settled = settle_with(index, slot.fence.wait(core_.async(), core_.stats)); !settled) {
             return Status(settled.code(), core_.with_backend(message("stager ", what, ": ", settled.message())));
         }
@@ -90,12 +94,44 @@ public:
 
     /// Settles slot `index` if its work completed, without blocking: true once settled.
     Result<bool> poll(std::size_t index) noexcept {
+        if (Status drained = drain_kernel_streams(index); !drained) {
+            return Status(drained.code(), core_.with_backend(message("completion ready: ", drained.message())));
+        }
         Result<bool> ready = core_.slots[index].fence.poll(core_.async());
         if (!ready || !*ready) return ready;  // a failed query settles nothing: wait() then does
         if (Status settled = settle_with(index, Status()); !settled) {
             return Status(settled.code(), core_.with_backend(message("completion ready: ", settled.message())));
         }
         return true;
+    }
+
+    /// Blocks until the streams that slot `index`'s ended run kept are done: its kernels were
+    /// ordered onto them (order_after_uploads) and ordering after them failed when the run
+    /// ended, so the slot's fence does not cover them. Nothing of the slot is freed, reused or
+    /// delivered before. A stream that cannot be waited for stays kept (unless the host then
+    /// waits for the whole device where the backend can); the failure is returned.
+    Status drain_kernel_streams(std::size_t index) noexcept {
+        Slot& slot = core_.slots[index];
+        if (slot.bound() || slot.kernel_stream_count == 0) return {};  // a live run's end joins them
+        Status first;
+        std::size_t kept = 0;
+        for (std::size_t i = 0; i < slot.kernel_stream_count; ++i) {
+            if (Status drained = slot.fence.drain(core_.async(), slot.kernel_streams[i], core_.stats); !drained) {
+                slot.kernel_streams[kept++] = slot.kernel_streams[i];
+                if (first.ok()) {
+                    first = Status(drained.code(), message("the kernels of slot ", index,
+                                                           "'s last run could not be waited for: ", drained.message()));
+                }
+            }
+        }
+        slot.kernel_stream_count = kept;
+        if constexpr (SynchronizingBackend<B>) {
+            if (!first.ok() && core_.backend->synchronize().ok()) {
+                slot.kernel_stream_count = 0;  // the device is idle
+                first = Status();
+            }
+        }
+        return first;
     }
 
     /// Runs `use(queue)` with a FreeQueue of slot `index`: deferring its frees while the slot has
