@@ -44,42 +44,44 @@ inline bool failing_new_active() {
 }  // namespace devstage::test
 
 // Every replaceable non-aligned form, so that what these allocate is freed by these (the
-// aligned forms are left to the library, which pairs them with its own).
-void* operator new(std::size_t bytes) {
+// aligned forms are left to the library, which pairs them with its own). Never inlined: g++
+// then takes a call of ::operator new for the standard one, and warns that its pointer reaches
+// free() (-Wmismatched-new-delete, at -O1).
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
     return devstage::test::allocate_or_throw(bytes);
 }
-void* operator new[](std::size_t bytes) {
+[[gnu::noinline]] void* operator new[](std::size_t bytes) {
     return devstage::test::allocate_or_throw(bytes);
 }
-void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
     try {
         return devstage::test::allocate_or_throw(bytes);
     } catch (const std::bad_alloc&) {
         return nullptr;
     }
 }
-void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void* operator new[](std::size_t bytes, const std::nothrow_t&) noexcept {
     try {
         return devstage::test::allocate_or_throw(bytes);
     } catch (const std::bad_alloc&) {
         return nullptr;
     }
 }
-void operator delete(void* pointer) noexcept {
+[[gnu::noinline]] void operator delete(void* pointer) noexcept {
     std::free(pointer);
 }
-void operator delete[](void* pointer) noexcept {
+[[gnu::noinline]] void operator delete[](void* pointer) noexcept {
     std::free(pointer);
 }
-void operator delete(void* pointer, std::size_t) noexcept {
+[[gnu::noinline]] void operator delete(void* pointer, std::size_t) noexcept {
     std::free(pointer);
 }
-void operator delete[](void* pointer, std::size_t) noexcept {
+[[gnu::noinline]] void operator delete[](void* pointer, std::size_t) noexcept {
     std::free(pointer);
 }
-void operator delete(void* pointer, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void operator delete(void* pointer, const std::nothrow_t&) noexcept {
     std::free(pointer);
 }
-void operator delete[](void* pointer, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void operator delete[](void* pointer, const std::nothrow_t&) noexcept {
     std::free(pointer);
 }

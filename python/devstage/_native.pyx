@@ -79,6 +79,33 @@ cdef inline void* p(object value) except? NULL:
     return <void*><uintptr_t>value
 
 
+cdef inline int check(int status, object call) except -1:
+    """Raises the library's error for a call that failed (status not 0), named `call`."""
+    if status:
+        raise error_of(status, call)
+    return 0
+
+
+cdef tuple pointers(const void* handle, size_t count, bint hosts):
+    """A frame's host addresses (hosts) or a run's device addresses, `count` of them."""
+    cdef void* fixed[16]
+    cdef void** data = fixed
+    cdef size_t i
+    if count > 16:
+        data = <void**>malloc(count * sizeof(void*))
+        if data == NULL:
+            raise MemoryError()
+    try:
+        if hosts:
+            check(c_frame_hosts(handle, data, NULL, count), None)
+        else:
+            check(c_run_device_args(handle, data, count), None)
+        return tuple([<uintptr_t>data[i] for i in range(count)])
+    finally:
+        if data != fixed:
+            free(data)
+
+
 def frame_create(stager, shapes, size_t count, call):
     cdef void* out = NULL
     cdef void* s = p(stager)
@@ -86,8 +113,7 @@ def frame_create(stager, shapes, size_t count, call):
     cdef int status
     with nogil:
         status = c_frame_create(s, table, count, &out)
-    if status:
-        raise error_of(status, call)
+    check(status, call)
     return <uintptr_t>out
 
 
@@ -106,19 +132,14 @@ def frame_open(stager, shapes, size_t count, call, list memories):
     cdef tuple kept
     with nogil:
         status = c_frame_create(s, table, count, &out)
-    if status:
-        raise error_of(status, call)
+    check(status, call)
     try:
-        status = c_frame_slot(out, &slot)
-        if status:
-            raise error_of(status, call)
+        check(c_frame_slot(out, &slot), call)
         if count > 16:
             data = <void**>malloc(count * sizeof(void*))
             if data == NULL:
                 raise MemoryError()
-        status = c_frame_hosts(out, data, NULL, count)
-        if status:
-            raise error_of(status, call)
+        check(c_frame_hosts(out, data, NULL, count), call)
         memory = memories[slot] if slot < <size_t>len(memories) else None
         if memory is not None:
             kept = memory.hosts
@@ -139,29 +160,12 @@ def frame_open(stager, shapes, size_t count, call, list memories):
 
 def frame_slot(frame):
     cdef size_t slot = 0
-    cdef int status = c_frame_slot(p(frame), &slot)
-    if status:
-        raise error_of(status, None)
+    check(c_frame_slot(p(frame), &slot), None)
     return slot
 
 
 def frame_hosts(frame, size_t count):
-    cdef void* fixed[16]
-    cdef void** data = fixed
-    cdef int status
-    cdef size_t i
-    if count > 16:
-        data = <void**>malloc(count * sizeof(void*))
-        if data == NULL:
-            raise MemoryError()
-    try:
-        status = c_frame_hosts(p(frame), data, NULL, count)
-        if status:
-            raise error_of(status, None)
-        return tuple([<uintptr_t>data[i] for i in range(count)])
-    finally:
-        if data != fixed:
-            free(data)
+    return pointers(p(frame), count, True)
 
 
 def frame_destroy(frame):
@@ -179,8 +183,7 @@ def bind(stager, args, size_t count, stream, call):
             status = c_bind_on(s, table, count, on, &out)
         else:
             status = c_bind(s, table, count, &out)
-    if status:
-        raise error_of(status, call)
+    check(status, call)
     return <uintptr_t>out
 
 
@@ -198,36 +201,18 @@ def bind_frame(stager, frame, stream, call):
             status = c_bind_frame(s, f, &out)
         if status == 0:
             c_frame_destroy(f)
-    if status:
-        raise error_of(status, call)
+    check(status, call)
     return <uintptr_t>out
 
 
 def run_slot(run):
     cdef size_t slot = 0
-    cdef int status = c_run_slot(p(run), &slot)
-    if status:
-        raise error_of(status, None)
+    check(c_run_slot(p(run), &slot), None)
     return slot
 
 
 def run_device_args(run, size_t count):
-    cdef void* fixed[16]
-    cdef void** data = fixed
-    cdef int status
-    cdef size_t i
-    if count > 16:
-        data = <void**>malloc(count * sizeof(void*))
-        if data == NULL:
-            raise MemoryError()
-    try:
-        status = c_run_device_args(p(run), data, count)
-        if status:
-            raise error_of(status, None)
-        return tuple([<uintptr_t>data[i] for i in range(count)])
-    finally:
-        if data != fixed:
-            free(data)
+    return pointers(p(run), count, False)
 
 
 def run_destroy(run):
@@ -274,8 +259,7 @@ def completion_ready(completion):
     cdef int status
     with nogil:
         status = c_completion_ready(c, &ready)
-    if status:
-        raise error_of(status, None)
+    check(status, None)
     return ready != 0
 
 
@@ -303,25 +287,13 @@ def write(size_t address, size_t nbytes, value, const char* chars, Py_ssize_t it
     `itemsize` bytes and a format character among `chars` (a byte-order prefix @, = or < aside),
     of shape `shape`: True. False, writing nothing, otherwise (the caller says what differs)."""
     cdef Py_buffer view
-    cdef Py_ssize_t i
-    cdef const char* format
     cdef bint same
     try:
         PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     except (TypeError, BufferError):
         return False
     try:
-        format = view.format
-        if format == NULL:
-            format = "B"
-        if format[0] == b'@' or format[0] == b'=' or format[0] == b'<':
-            format += 1
-        same = (format[0] != 0 and format[1] == 0 and strchr(chars, format[0]) != NULL and view.itemsize == itemsize
-                and view.ndim == len(shape) and <size_t>view.len == nbytes)
-        i = 0
-        while same and i < view.ndim:
-            same = view.shape[i] == shape[i]
-            i += 1
+        same = _fits(&view, chars, itemsize, nbytes, shape)
         if same and nbytes:
             with nogil:
                 memcpy(<void*>address, view.buf, nbytes)
