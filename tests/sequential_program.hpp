@@ -1233,8 +1233,8 @@ private:
     // the contract asks (sequential_config.hpp), unless that is expected.
     bool allowed(Call kind, FaultOp op) const noexcept {
         const bool joins = kind == Call::finish || kind == Call::drop || kind == Call::release;
-        if ((config_.expect & expect_failed_joins_without_synchronize) == 0 && !devstage::SynchronizingBackend<B> && joins &&
-            (op == FaultOp::record_event || op == FaultOp::stream_wait_event)) {
+        if ((config_.expect & expect_failed_joins_without_synchronize) == 0 && !devstage::SynchronizingBackend<B> &&
+            joins && (op == FaultOp::record_event || op == FaultOp::stream_wait_event)) {
             return false;
         }
         return true;
