@@ -437,8 +437,9 @@ Status run_steps(Stager& stager, const Describe& describe, devstage::SimBackend&
         if (step + 1 < steps) {
             next = request(stager, describe, registrations, channel, step + 1);
             if (next) failure = written(channel, peer, step + 1);
+            // A gated step k is still in flight now (an ungated one may be too, or not: not counted).
             const Result<bool> ran = done->ready();
-            if (ran && !*ran) ++counts.overlapped;  // step k + 1 was written while step k was in flight
+            if (gated && ran && !*ran) ++counts.overlapped;  // step k + 1 was written while step k was in flight
         }
         kernel.open();
         if (!failure) break;
